@@ -1,0 +1,36 @@
+"""Attribute, event and header names that are otel-rl's public API (see docs/attributes.md)."""
+
+# Rollout identity: on the rollout's root span, copied from W3C baggage onto every span,
+# or given as OTel resource attributes (OTEL_RESOURCE_ATTRIBUTES) for zero-code harnesses.
+ROLLOUT_ID = "otel_rl.rollout.id"
+ATTEMPT_ID = "otel_rl.attempt.id"
+GROUP_ID = "otel_rl.group.id"
+TASK_ID = "otel_rl.task.id"
+SPLIT = "otel_rl.split"  # "train" | "val"
+IDENTITY_KEYS = (ROLLOUT_ID, ATTEMPT_ID, GROUP_ID, TASK_ID, SPLIT)
+
+# Rollout outcome as recorded by the rollout controller (or the SDK's rollout span).
+ROLLOUT_STATUS = "otel_rl.rollout.status"  # "ok" | "error" | "timeout" | "crashed" | "infra_error"
+ROLLOUT_EXIT_CODE = "otel_rl.rollout.exit_code"
+ROLLOUT_SPAN_NAME = "otel_rl.rollout"
+
+# Rewards: the GenAI semantic-convention evaluation event.
+EVALUATION_EVENT = "gen_ai.evaluation.result"
+EVALUATION_NAME = "gen_ai.evaluation.name"
+EVALUATION_SCORE_VALUE = "gen_ai.evaluation.score.value"
+EVALUATION_SCORE_LABEL = "gen_ai.evaluation.score.label"
+EVALUATION_EXPLANATION = "gen_ai.evaluation.explanation"
+REWARD_SOURCE = "otel_rl.reward.source"  # who produced the reward: "grader", "harness", "http", ...
+
+# Token data written by the gateway on its span for each call. Packed arrays: little-endian
+# int32 ids, float32 logprobs (as OTLP bytes values); {i} is the choice index.
+PROMPT_TOKEN_IDS = "otel_rl.prompt_token_ids"
+CHOICE_TOKEN_IDS = "otel_rl.choices.{i}.token_ids"
+CHOICE_LOGPROBS = "otel_rl.choices.{i}.logprobs"
+POLICY_VERSION = "otel_rl.policy.version"
+SAMPLING_PARAMS = "otel_rl.sampling.params"  # JSON of the sampling parameters actually sent
+SERVER_URL = "otel_rl.server.url"  # the vLLM server that answered
+
+GATEWAY_SCOPE = "otel_rl.gateway"
+CONTROLLER_SCOPE = "otel_rl.controller"
+SDK_SCOPE = "otel_rl.sdk"
