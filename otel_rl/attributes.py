@@ -13,6 +13,8 @@ IDENTITY_KEYS = (ROLLOUT_ID, ATTEMPT_ID, GROUP_ID, TASK_ID, SPLIT)
 ROLLOUT_STATUS = "otel_rl.rollout.status"  # "ok" | "error" | "timeout" | "crashed" | "infra_error"
 ROLLOUT_EXIT_CODE = "otel_rl.rollout.exit_code"
 ROLLOUT_SPAN_NAME = "otel_rl.rollout"
+# The harness's rollout span, opened by `otel_rl.rollout()` (scope SDK_SCOPE); ERROR when its block raised.
+SDK_ROLLOUT_SPAN_NAME = "rollout"
 
 # Rewards: the GenAI semantic-convention evaluation event.
 EVALUATION_EVENT = "gen_ai.evaluation.result"
@@ -34,3 +36,23 @@ SERVER_URL = "otel_rl.server.url"  # the vLLM server that answered
 GATEWAY_SCOPE = "otel_rl.gateway"
 CONTROLLER_SCOPE = "otel_rl.controller"
 SDK_SCOPE = "otel_rl.sdk"
+
+# Gateway: rollout identity as HTTP headers (for harnesses that send neither baggage nor a rollout key),
+# and the span that records each synchronized weight reload (attributes otel_rl.reload.*).
+IDENTITY_HEADERS = {
+    ROLLOUT_ID: "x-otel-rl-rollout-id",
+    ATTEMPT_ID: "x-otel-rl-attempt-id",
+    GROUP_ID: "x-otel-rl-group-id",
+    TASK_ID: "x-otel-rl-task-id",
+    SPLIT: "x-otel-rl-split",
+}
+RELOAD_SPAN_NAME = "otel_rl.reload"
+
+# Online training records (scope TRAIN_SCOPE): one span per optimizer step and one per evaluation, with
+# otel_rl.policy.version, the run id, and every figure of the record as otel_rl.train.<name>
+# (otel_rl.train.trainer.<name> for the trainer's own metrics); see docs/training.md.
+TRAIN_SCOPE = "otel_rl.train"
+TRAIN_STEP_SPAN_NAME = "otel_rl.train.step"
+TRAIN_EVAL_SPAN_NAME = "otel_rl.train.eval"
+TRAIN_RUN_ID = "otel_rl.train.run_id"
+TRAIN_PREFIX = "otel_rl.train."

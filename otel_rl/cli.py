@@ -2,6 +2,12 @@
 
 import typer
 
+from otel_rl.gateway.vllm import vllm_app
+from otel_rl.query import sql_command
+from otel_rl.server import serve
+from otel_rl.tinymodel import model_app
+from otel_rl.transforms.cli import export_app
+
 app = typer.Typer(
     name="otel-rl",
     help="OpenTelemetry-native trace-to-training pipeline for agent reinforcement learning.",
@@ -11,3 +17,8 @@ app = typer.Typer(
 
 # Each component defines its command (or sub-app) next to its code; heavy imports stay inside them.
 # Registrations (one line each):
+app.command("serve")(serve)
+app.command("sql")(sql_command)
+app.add_typer(model_app, name="model")
+app.add_typer(vllm_app, name="vllm")
+app.add_typer(export_app, name="export")

@@ -1,0 +1,263 @@
+"""Gateway overhead: requests/s and added latency through `otel-rl serve` vs a fast vLLM-style server directly.
+
+Part 1 (throughput and latency): a minimal raw-asyncio HTTP/1.1 server answers every chat call with the same
+~11 KB vLLM response (token ids and logprobs of 100 tokens). A load generator in its own process (raw asyncio,
+keep-alive connections, closed loop) calls it directly, then through the gateway of a real `otel-rl serve`
+process that records every call durably in its DuckDB store, at 1 and 32 clients. Aims: at 32 clients at least
+25% of direct throughput; at 1 client at most 1 ms added p50.
+
+Part 2 (reload): the real tiny vLLM server's bare reload of a checkpoint (pause, reload_weights,
+reset_prefix_cache, resume) against `POST /v1/admin/policy` through the gateway. Aim: at most 50 ms overhead.
+
+    .venv/bin/python bench/gateway.py [--seconds 5] [--no-reload]
+"""
+
+import argparse
+import asyncio
+import json
+import multiprocessing
+import os
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+from rich.console import Console
+from rich.table import Table
+
+console = Console()
+TOKEN = "bench-admin-token"
+N_TOKENS = 100
+CHAT_BODY = json.dumps(
+    {"model": "fake", "messages": [{"role": "user", "content": "What is 17 * 23? Think step by step."}], "max_tokens": 100}
+).encode()
+
+
+# ------------------------------------------------------------------ the fast vLLM-style server
+
+
+def canned_chat_response() -> bytes:
+    """A vLLM chat response with prompt token ids, 100 sampled token ids and their logprobs (~11 KB)."""
+    tokens = [(1000 + i, f"tok{i}", -0.5 - i / 1000) for i in range(N_TOKENS)]
+    body = {
+        "id": "chatcmpl-bench",
+        "object": "chat.completion",
+        "created": 1767225600,
+        "model": "fake",
+        "choices": [
+            {
+                "index": 0,
+                "message": {"role": "assistant", "content": "".join(t for _, t, _ in tokens), "tool_calls": []},
+                "logprobs": {
+                    "content": [
+                        {"token": t, "logprob": lp, "bytes": list(t.encode()), "top_logprobs": []} for _, t, lp in tokens
+                    ]
+                },
+                "finish_reason": "length",
+                "stop_reason": None,
+                "token_ids": [i for i, _, _ in tokens],
+            }
+        ],
+        "usage": {"prompt_tokens": 40, "total_tokens": 140, "completion_tokens": N_TOKENS},
+        "prompt_token_ids": list(range(1, 41)),
+    }
+    return json.dumps(body, separators=(",", ":")).encode()
+
+
+def http_response(body: bytes) -> bytes:
+    head = f"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {len(body)}\r\n\r\n"
+    return head.encode() + body
+
+
+async def serve_fake(port: int) -> None:
+    reply = http_response(canned_chat_response())
+    health = http_response(b"")
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            while True:
+                head = await reader.readuntil(b"\r\n\r\n")
+                length = _content_length(head)
+                if length:
+                    await reader.readexactly(length)
+                writer.write(reply if head.startswith(b"POST") else health)
+        except (asyncio.IncompleteReadError, ConnectionError):
+            writer.close()
+
+    server = await asyncio.start_server(handle, "127.0.0.1", port, backlog=1024)
+    async with server:
+        await server.serve_forever()
+
+
+def run_fake(port: int) -> None:
+    asyncio.run(serve_fake(port))
+
+
+def _content_length(head: bytes) -> int:
+    index = head.lower().find(b"content-length:")
+    if index < 0:
+        return 0
+    return int(head[index + 15 : head.index(b"\r\n", index)])
+
+
+# ------------------------------------------------------------------ the load generator
+
+
+async def _client(port: int, request: bytes, deadline: float, latencies: list[float]) -> None:
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    try:
+        while time.perf_counter() < deadline:
+            start = time.perf_counter()
+            writer.write(request)
+            head = await reader.readuntil(b"\r\n\r\n")
+            if not head.startswith(b"HTTP/1.1 200"):
+                raise RuntimeError(f"bench call failed: {head[:200]!r}")
+            await reader.readexactly(_content_length(head))
+            latencies.append(time.perf_counter() - start)
+    finally:
+        writer.close()
+
+
+def run_load(port: int, headers: dict[str, str], clients: int, seconds: float, out: multiprocessing.Queue) -> None:
+    """Closed-loop load from `clients` keep-alive connections; puts (requests/s, latencies) on `out`."""
+    head = "".join(f"{k}: {v}\r\n" for k, v in headers.items())
+    request = (
+        f"POST /v1/chat/completions HTTP/1.1\r\nhost: 127.0.0.1\r\ncontent-type: application/json\r\n{head}"
+        f"content-length: {len(CHAT_BODY)}\r\n\r\n"
+    ).encode() + CHAT_BODY
+    latencies: list[float] = []
+
+    async def main() -> float:
+        start = time.perf_counter()
+        deadline = start + seconds
+        await asyncio.gather(*(_client(port, request, deadline, latencies) for _ in range(clients)))
+        return time.perf_counter() - start
+
+    elapsed = asyncio.run(main())
+    out.put((len(latencies) / elapsed, latencies))
+
+
+def measure(port: int, headers: dict[str, str], clients: int, seconds: float) -> tuple[float, float, float, int]:
+    """requests/s, p50 ms, p99 ms, calls made: the load generator runs in its own process."""
+    out: multiprocessing.Queue = multiprocessing.Queue()
+    process = multiprocessing.Process(target=run_load, args=(port, headers, clients, seconds, out))
+    process.start()
+    rps, latencies = out.get(timeout=seconds + 60)
+    process.join()
+    latencies.sort()
+    p50 = latencies[len(latencies) // 2] * 1000
+    p99 = latencies[min(len(latencies) - 1, int(len(latencies) * 0.99))] * 1000
+    return rps, p50, p99, len(latencies)
+
+
+# ------------------------------------------------------------------ processes
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def wait_until(url: str, timeout_s: float = 120) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(url, timeout=1).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.1)
+    raise TimeoutError(f"{url} did not answer in {timeout_s}s")
+
+
+def start_server(workdir: Path, vllm_urls: list[str]) -> tuple[subprocess.Popen, int]:
+    port = free_port()
+    args = [str(Path(sys.executable).parent / "otel-rl"), "serve", "--db", str(workdir / "bench.duckdb")]
+    args += ["--token", TOKEN, "--http-port", str(port), "--grpc-port", str(free_port())]
+    for url in vllm_urls:
+        args += ["--vllm", url]
+    log = (workdir / "serve.log").open("ab")
+    process = subprocess.Popen(args, cwd=workdir, stdout=log, stderr=subprocess.STDOUT)
+    wait_until(f"http://127.0.0.1:{port}/healthz")
+    return process, port
+
+
+def stop(process: subprocess.Popen) -> None:
+    process.send_signal(signal.SIGTERM)
+    process.wait(60)
+
+
+def count_spans(port: int) -> int:
+    response = httpx.post(
+        f"http://127.0.0.1:{port}/v1/query",
+        json={"sql": "SELECT count(*) AS n FROM spans WHERE scope_name = 'otel_rl.gateway'"},
+        headers={"authorization": f"Bearer {TOKEN}", "accept": "application/json"},
+        timeout=60,
+    )
+    response.raise_for_status()
+    return json.loads(response.content)[0]["n"]
+
+
+# ------------------------------------------------------------------ part 1
+
+
+def bench_proxy(seconds: float) -> bool:
+    fake_port = free_port()
+    fake = multiprocessing.Process(target=run_fake, args=(fake_port,), daemon=True)
+    fake.start()
+    wait_until(f"http://127.0.0.1:{fake_port}/health")
+    with tempfile.TemporaryDirectory(prefix="otel-rl-bench-") as tmp:
+        server, port = start_server(Path(tmp), [f"http://127.0.0.1:{fake_port}"])
+        try:
+            auth = {"authorization": f"Bearer {TOKEN}"}
+            measure(port, auth, 4, 1.0)  # warm-up: connections, code paths
+            results = {}
+            gateway_calls = 0
+            for clients in (1, 32):
+                results[("direct", clients)] = measure(fake_port, {}, clients, seconds)
+                results[("gateway", clients)] = measure(port, auth, clients, seconds)
+                gateway_calls += results[("gateway", clients)][3]
+            time.sleep(0.5)
+            recorded = count_spans(port)
+        finally:
+            stop(server)
+    fake.terminate()
+
+    table = Table(title=f"Gateway vs direct, {seconds:g} s per run, ~{len(canned_chat_response()) // 1024} KB responses")
+    for column in ("clients", "path", "requests/s", "p50 ms", "p99 ms", "ratio / added"):
+        table.add_column(column, justify="right")
+    ok = True
+    for clients in (1, 32):
+        d_rps, d_p50, d_p99, _ = results[("direct", clients)]
+        g_rps, g_p50, g_p99, _ = results[("gateway", clients)]
+        table.add_row(str(clients), "direct", f"{d_rps:,.0f}", f"{d_p50:.3f}", f"{d_p99:.3f}", "")
+        if clients == 1:
+            added = g_p50 - d_p50
+            verdict = f"+{added:.3f} ms p50 (aim ≤ 1 ms)"
+            ok &= added <= 1.0
+        else:
+            ratio = g_rps / d_rps
+            verdict = f"{ratio:.1%} of direct (aim ≥ 25%)"
+            ok &= ratio >= 0.25
+        table.add_row(str(clients), "gateway", f"{g_rps:,.0f}", f"{g_p50:.3f}", f"{g_p99:.3f}", verdict)
+    console.print(table)
+    console.print(f"calls through the gateway (after warm-up excluded): {gateway_calls:,}; gateway spans stored: {recorded:,}")
+    return ok
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seconds", type=float, default=5.0)
+    parser.add_argument("--no-reload", action="store_true", help="skip the reload part (needs vLLM)")
+    args = parser.parse_args()
+    bench_proxy(args.seconds)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,321 @@
+"""Store -> padded training arrays for 512 rollouts x 8 turns, against NumPy's copy of the same tokens.
+
+Gateway-style calls (exact token ids and logprobs as packed attributes, GenAI messages, rollout identity, a
+controller rollout span, grader rewards) are encoded as OTLP, ingested into a temporary store through the real
+collector path, then read back through the views and turned into padded arrays, on one core. The retokenizing
+path is timed separately against the tokenizer's own batch-encode rate.
+
+Usage: python bench/samples.py [--rollouts 512] [--turns 8] [--retok-rollouts 64]
+"""
+
+from __future__ import annotations
+
+import os
+
+for _name in ("POLARS_MAX_THREADS", "OMP_NUM_THREADS", "RAYON_NUM_THREADS", "MKL_NUM_THREADS"):
+    os.environ[_name] = "1"  # one core, as the targets say; before polars / torch / tokenizers load
+os.environ["TOKENIZERS_PARALLELISM"] = "false"
+
+import argparse
+import json
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import duckdb
+import numpy as np
+import polars as pl
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
+from opentelemetry.proto.trace.v1.trace_pb2 import Span, Status
+from rich.console import Console
+from rich.progress import track
+from rich.table import Table
+
+from otel_rl import attributes as names
+from otel_rl.collector.rewards import RewardIn, reward_log_request
+from otel_rl.store import Store
+from otel_rl.transforms.export import pad, to_dataproto
+from otel_rl.transforms.merge import flat_lists
+from otel_rl.transforms.samples import SampleOptions, build_samples, load_inputs
+
+WORDS = [f"w{i}" for i in range(2000)]
+PAD_ID = 0
+
+
+@dataclass
+class Call:
+    """One generated model call: token ids (exact) and the messages they stand for."""
+
+    prompt: np.ndarray
+    completion: np.ndarray
+    logprobs: np.ndarray
+    messages: list[dict]
+    answer: dict
+
+
+def text(rng: np.random.Generator, n_tokens: int) -> str:
+    """About one word per token: message JSON as large as the token arrays make it."""
+    return " ".join(WORDS[i] for i in rng.integers(0, len(WORDS), n_tokens))
+
+
+def rollout_calls(rng: np.random.Generator, turns: int) -> list[Call]:
+    """A multi-turn agent: ~1K-token first prompt, 64-256-token answers, 16-64-token tool results."""
+    context = rng.integers(10, 30000, 1024, dtype=np.int32)
+    messages = [{"role": "system", "parts": [{"type": "text", "content": text(rng, 1024)}]}]
+    calls = []
+    for _ in range(turns):
+        completion = rng.integers(10, 30000, int(rng.integers(64, 257)), dtype=np.int32)
+        logprobs = -rng.random(completion.size, dtype=np.float32)
+        answer = {"role": "assistant", "parts": [{"type": "text", "content": text(rng, completion.size)}]}
+        calls.append(Call(context, completion, logprobs, list(messages), answer))
+        tool = rng.integers(10, 30000, int(rng.integers(16, 65)), dtype=np.int32)
+        context = np.concatenate([context, completion, tool])
+        messages += [answer, {"role": "tool", "parts": [{"type": "text", "content": text(rng, tool.size)}]}]
+    return calls
+
+
+def kv(key: str, value: str | int | bytes) -> KeyValue:
+    if isinstance(value, bytes):
+        return KeyValue(key=key, value=AnyValue(bytes_value=value))
+    if isinstance(value, int):
+        return KeyValue(key=key, value=AnyValue(int_value=value))
+    return KeyValue(key=key, value=AnyValue(string_value=value))
+
+
+def traces_request(
+    rollouts: list[tuple[str, str, list[Call]]], *, with_ids: bool, t0: int
+) -> ExportTraceServiceRequest:
+    """Gateway call spans and the controller's rollout span of each rollout, as one OTLP request."""
+    request = ExportTraceServiceRequest()
+    resource = request.resource_spans.add()
+    gateway = resource.scope_spans.add()
+    gateway.scope.name = names.GATEWAY_SCOPE
+    controller = resource.scope_spans.add()
+    controller.scope.name = names.CONTROLLER_SCOPE
+    for rollout_id, group_id, calls in rollouts:
+        trace_id = os.urandom(16)
+        root_id = os.urandom(8)
+        identity = [kv(names.ROLLOUT_ID, rollout_id), kv(names.GROUP_ID, group_id), kv(names.TASK_ID, "task")]
+        end = t0 + (len(calls) + 1) * 1_000_000
+        controller.spans.append(
+            Span(
+                trace_id=trace_id,
+                span_id=root_id,
+                name=names.ROLLOUT_SPAN_NAME,
+                kind=Span.SPAN_KIND_INTERNAL,
+                start_time_unix_nano=t0,
+                end_time_unix_nano=end,
+                attributes=[*identity, kv(names.ROLLOUT_STATUS, "ok"), kv(names.ROLLOUT_EXIT_CODE, 0)],
+            )
+        )
+        for turn, call in enumerate(calls):
+            attributes = [
+                *identity,
+                kv("gen_ai.operation.name", "chat"),
+                kv("gen_ai.provider.name", "vllm"),
+                kv("gen_ai.request.model", "tiny"),
+                kv("gen_ai.input.messages", json.dumps(call.messages)),
+                kv("gen_ai.output.messages", json.dumps([{**call.answer, "finish_reason": "stop"}])),
+                kv("gen_ai.response.finish_reasons", json.dumps(["stop"])),
+                kv(names.POLICY_VERSION, 1),
+            ]
+            if with_ids:
+                attributes += [
+                    kv(names.PROMPT_TOKEN_IDS, call.prompt.astype("<i4").tobytes()),
+                    kv(names.CHOICE_TOKEN_IDS.format(i=0), call.completion.astype("<i4").tobytes()),
+                    kv(names.CHOICE_LOGPROBS.format(i=0), call.logprobs.astype("<f4").tobytes()),
+                ]
+            gateway.spans.append(
+                Span(
+                    trace_id=trace_id,
+                    span_id=os.urandom(8),
+                    parent_span_id=root_id,
+                    name="chat tiny",
+                    kind=Span.SPAN_KIND_CLIENT,
+                    start_time_unix_nano=t0 + (turn + 1) * 1_000_000,
+                    end_time_unix_nano=t0 + (turn + 1) * 1_000_000 + 500_000,
+                    attributes=attributes,
+                    status=Status(),
+                )
+            )
+    return request
+
+
+def fill_store(store: Store, rollouts: list[tuple[str, str, list[Call]]], *, with_ids: bool) -> None:
+    """Ingest through the collector path (flatten + durable write), 32 rollouts per request, plus rewards."""
+    rng = np.random.default_rng(1)
+    for start in track(range(0, len(rollouts), 32), description="ingesting", transient=True):
+        store.ingest_traces(
+            traces_request(rollouts[start : start + 32], with_ids=with_ids, t0=1_700_000_000_000_000_000)
+        )
+    for rollout_id, _, _ in rollouts:
+        reward = RewardIn(rollout_id=rollout_id, value=float(rng.integers(0, 2)), source="grader")
+        store.ingest_logs(reward_log_request(reward, now_ns=time.time_ns()))
+
+
+def numpy_limit(samples: pl.DataFrame, repeats: int = 5) -> float:
+    """Seconds NumPy needs to copy the samples' tokens (ids, mask, logprobs) into padded arrays: the limit."""
+    columns = {
+        c: flat_lists(samples[c]) for c in ("prompt_ids", "response_ids", "response_mask", "rollout_logprobs")
+    }
+    prompt_width = int(np.diff(columns["prompt_ids"][1]).max())
+    response_width = int(np.diff(columns["response_ids"][1]).max())
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        for name, (values, offsets) in columns.items():
+            lengths = np.diff(offsets)
+            width = prompt_width if name == "prompt_ids" else response_width
+            out = np.zeros((len(lengths), width), dtype=values.dtype)
+            positions = np.arange(width)
+            out[
+                positions >= width - lengths[:, None]
+                if name == "prompt_ids"
+                else positions < lengths[:, None]
+            ] = values
+        best = min(best, time.perf_counter() - start)
+    return best
+
+
+def timed_exact(db: Path, repeats: int) -> dict[str, float]:
+    """Best-of-`repeats` seconds for read (views -> Arrow -> polars), build (merge...) and pad (DataProto)."""
+    con = duckdb.connect(str(db), read_only=True, config={"threads": "1"})
+
+    def run(sql: str) -> pl.DataFrame:
+        return pl.from_arrow(con.sql(sql).to_arrow_table())
+
+    options = SampleOptions(drift_sample=0)
+    best: dict[str, float] = {}
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        calls, rollouts, rewards = load_inputs("true", run)
+        t1 = time.perf_counter()
+        samples, report = build_samples(calls, rollouts, rewards, options=options)
+        t2 = time.perf_counter()
+        batch = to_dataproto(samples, pad_token_id=PAD_ID)
+        t3 = time.perf_counter()
+        for step, seconds in (("read", t1 - t0), ("build", t2 - t1), ("pad", t3 - t2), ("total", t3 - t0)):
+            best[step] = min(best.get(step, float("inf")), seconds)
+    con.close()
+    best["limit"] = numpy_limit(samples)
+    best["sample_tokens"] = report.prompt_tokens + report.response_tokens
+    best["read_tokens"] = float(calls.select(pl.col("prompt_token_ids").list.len().sum()).item()) + float(
+        calls.select(
+            pl.col("completion_token_ids").list.eval(pl.element().list.len()).list.sum().sum()
+        ).item()
+    )
+    best["samples"] = samples.height
+    best["padded_shape"] = tuple(batch.batch["input_ids"].shape)  # type: ignore[assignment]
+    return best
+
+
+def timed_retokenized(db: Path, tokenizer) -> dict[str, float]:
+    """The retokenizing path (no ids recorded) against the tokenizer's batch-encode of the same texts."""
+    from otel_rl.transforms.tokens import render_call
+
+    con = duckdb.connect(str(db), read_only=True, config={"threads": "1"})
+
+    def run(sql: str) -> pl.DataFrame:
+        return pl.from_arrow(con.sql(sql).to_arrow_table())
+
+    calls, rollouts, rewards = load_inputs("true", run)
+    start = time.perf_counter()
+    samples, report = build_samples(
+        calls, rollouts, rewards, tokenizer=tokenizer, options=SampleOptions(drift_sample=0)
+    )
+    seconds = time.perf_counter() - start
+    texts = []
+    for row in calls.select("input_messages", "output_messages", "tool_definitions").iter_rows():
+        prompt, completions = render_call(tokenizer, *row)
+        texts += [prompt, *completions]
+    start = time.perf_counter()
+    encoded = tokenizer(texts, add_special_tokens=False)["input_ids"]
+    encode_seconds = time.perf_counter() - start
+    con.close()
+    return {
+        "seconds": seconds,
+        "sample_tokens": report.prompt_tokens + report.response_tokens,
+        "encoded_tokens": sum(len(ids) for ids in encoded),
+        "encode_seconds": encode_seconds,
+        "segments": samples.height,
+        "token_sources": report.token_sources,  # type: ignore[dict-item]
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rollouts", type=int, default=512)
+    parser.add_argument("--turns", type=int, default=8)
+    parser.add_argument("--retok-rollouts", type=int, default=64)
+    parser.add_argument("--repeats", type=int, default=3)
+    args = parser.parse_args()
+    console = Console()
+    rng = np.random.default_rng(0)
+    rollouts = [(f"r{i:05d}", f"g{i // 8:04d}", rollout_calls(rng, args.turns)) for i in range(args.rollouts)]
+
+    with tempfile.TemporaryDirectory() as tmp:
+        exact_db, retok_db = Path(tmp) / "exact.duckdb", Path(tmp) / "retok.duckdb"
+        start = time.perf_counter()
+        with Store(exact_db) as store:
+            fill_store(store, rollouts, with_ids=True)
+        console.print(
+            f"ingested {args.rollouts} rollouts x {args.turns} calls in {time.perf_counter() - start:.1f} s"
+        )
+        with Store(retok_db) as store:
+            fill_store(store, rollouts[: args.retok_rollouts], with_ids=False)
+        exact = timed_exact(exact_db, args.repeats)
+
+        from otel_rl.tinymodel import build_tokenizer
+
+        retok = timed_retokenized(retok_db, build_tokenizer())
+
+    table = Table(title=f"store -> padded arrays, {args.rollouts} rollouts x {args.turns} turns, one core")
+    for column in ("path", "seconds", "tokens/s", "samples/s", "vs limit"):
+        table.add_column(column, justify="right" if column != "path" else "left")
+    tokens, n = exact["sample_tokens"], exact["samples"]
+    for step in ("read", "build", "pad"):
+        table.add_row(f"  {step}", f"{exact[step]:.3f}", f"{tokens / exact[step] / 1e6:.1f}M", "", "")
+    table.add_row(
+        "exact ids: total",
+        f"{exact['total']:.3f}",
+        f"{tokens / exact['total'] / 1e6:.1f}M",
+        f"{n / exact['total']:.0f}",
+        f"{exact['limit'] / exact['total']:.1%}",
+    )
+    table.add_row(
+        "limit: NumPy copy into padded arrays",
+        f"{exact['limit']:.4f}",
+        f"{tokens / exact['limit'] / 1e6:.0f}M",
+        "",
+        "100%",
+    )
+    table.add_row(
+        "retokenized: total",
+        f"{retok['seconds']:.3f}",
+        f"{retok['sample_tokens'] / retok['seconds'] / 1e6:.2f}M",
+        f"{retok['segments'] / retok['seconds']:.0f}",
+        "",
+    )
+    table.add_row(
+        "tokenizer batch encode (same texts)",
+        f"{retok['encode_seconds']:.3f}",
+        f"{retok['encoded_tokens'] / retok['encode_seconds'] / 1e6:.2f}M",
+        "",
+        "",
+    )
+    console.print(table)
+    console.print(
+        f"sample tokens {int(tokens):,} in {int(n)} samples (padded {exact['padded_shape']}); tokens read from the "
+        f"store {int(exact['read_tokens']):,} (every call's prompt and answer); retokenized run: "
+        f"{args.retok_rollouts} rollouts, {retok['token_sources']}"
+    )
+    verdict = (
+        "meets" if exact["limit"] / exact["total"] >= 0.25 and tokens / exact["total"] >= 2e6 else "misses"
+    )
+    console.print(f"target (>= 25% of the limit and >= 2M tokens/s): {verdict}")
+
+
+if __name__ == "__main__":
+    main()

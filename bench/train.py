@@ -1,0 +1,169 @@
+"""Online training bench: per-step wall time split (collect / transform / train / save / reload), the share
+of wall time the harnesses were paused for reloads (aim: under 5%), and the trainer's samples/s.
+
+Runs the real pipeline: the tiny model in vLLM, `otel-rl serve` with the gateway in front of it, the
+calculator harness (examples/calc_agent.py) as processes under the rollout controller, the local trainer.
+
+    .venv/bin/python bench/train.py [--steps 6 --group-size 4 --groups 4 --max-staleness 1]
+"""
+
+import argparse
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+from rich.console import Console
+from rich.table import Table
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "examples"))
+
+from calc_task import sample_tasks, split_problems, write_tasks  # noqa: E402
+
+from otel_rl.gateway.vllm import VLLMServer  # noqa: E402
+from otel_rl.tinymodel import init_model  # noqa: E402
+from otel_rl.train.config import config_from_dict  # noqa: E402
+from otel_rl.train.online import run_online  # noqa: E402
+
+PAUSE_AIM = 0.05
+TOKEN = "bench-admin-token"
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def start_server(workdir: Path, vllm_url: str) -> tuple[subprocess.Popen, str]:
+    """`otel-rl serve` with the gateway in front of one vLLM server; returns it once healthy."""
+    port = free_port()
+    args = [str(Path(sys.executable).parent / "otel-rl"), "serve", "--db", str(workdir / "bench.duckdb")]
+    args += ["--token", TOKEN, "--http-port", str(port), "--grpc-port", str(free_port()), "--vllm", vllm_url]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
+    log = (workdir / "server.log").open("wb")
+    server = subprocess.Popen(args, cwd=workdir, stdout=log, stderr=subprocess.STDOUT, env=env)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        if server.poll() is not None:
+            raise RuntimeError(f"otel-rl serve exited: see {workdir / 'server.log'}")
+        try:
+            if httpx.get(f"{url}/healthz", timeout=1).status_code == 200:
+                return server, url
+        except httpx.TransportError:
+            time.sleep(0.2)
+    server.kill()
+    raise TimeoutError("otel-rl serve did not become healthy in 60 s")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--steps", type=int, default=6)
+    parser.add_argument("--group-size", type=int, default=4)
+    parser.add_argument("--groups", type=int, default=4, help="groups per step")
+    parser.add_argument("--max-staleness", type=int, default=1)
+    parser.add_argument("--concurrency", type=int, default=8)
+    args = parser.parse_args()
+    console = Console()
+
+    with tempfile.TemporaryDirectory(prefix="otel-rl-bench-train-") as tmp:
+        workdir = Path(tmp)
+        model = init_model(workdir / "tiny")
+        train_problems, _ = split_problems()
+        tasks = write_tasks(workdir / "tasks.jsonl", sample_tasks(train_problems, 200, "train", seed=0))
+        with VLLMServer(model, served_model_name="tiny", log_path=workdir / "vllm.log") as vllm:
+            server, url = start_server(workdir, vllm.url)
+            try:
+                config = config_from_dict(
+                    {
+                        "model": str(model),
+                        "output_dir": str(workdir / "run"),
+                        "steps": args.steps,
+                        "server": {"url": url, "token": TOKEN},
+                        "algorithm": {
+                            "group_size": args.group_size,
+                            "groups_per_step": args.groups,
+                            "max_staleness": args.max_staleness,
+                        },
+                        "online": {
+                            "tasks": str(tasks),
+                            "harness": [sys.executable, str(ROOT / "examples" / "calc_agent.py")],
+                            "concurrency": args.concurrency,
+                            "timeout_s": 120,
+                        },
+                    }
+                )
+                result = run_online(config, console)
+            finally:
+                server.terminate()
+                server.wait(30)
+    report(console, result.steps, result.wall_s, args)
+
+
+def report(console: Console, steps: list, wall_s: float, args: argparse.Namespace) -> None:
+    table = Table(title=f"online steps: {args.groups} groups × {args.group_size} rollouts, tiny model, CPU")
+    for column in (
+        "step",
+        "samples",
+        "collect s",
+        "transform s",
+        "train s",
+        "save s",
+        "reload s",
+        "paused s",
+        "wall s",
+    ):
+        table.add_column(column, justify="right")
+    for s in steps:
+        table.add_row(
+            str(s.step),
+            str(s.samples),
+            *(
+                f"{v:.2f}"
+                for v in (s.collect_s, s.transform_s, s.train_s, s.save_s, s.reload_s, s.paused_s, s.wall_s)
+            ),
+        )
+    console.print(table)
+
+    # The first step also waits for the first groups to start from nothing: report steady state separately.
+    steady = steps[1:] or steps
+    step_wall = sum(s.wall_s for s in steady)
+    phases = {
+        name: sum(getattr(s, f"{name}_s") for s in steady)
+        for name in ("collect", "transform", "train", "save", "reload")
+    }
+    console.print(
+        "share of step wall time (steps 2+): "
+        + ", ".join(f"{k} {v / step_wall:.1%}" for k, v in phases.items())
+    )
+    paused = sum(s.paused_s for s in steps)
+    total_steps_wall = sum(s.wall_s for s in steps)
+    pause_share = paused / total_steps_wall
+    verdict = "within" if pause_share < PAUSE_AIM else "OVER"
+    console.print(
+        f"harnesses paused for reloads: {paused:.2f} s of {total_steps_wall:.1f} s = {pause_share:.2%} "
+        f"({verdict} the {PAUSE_AIM:.0%} aim)"
+    )
+    samples = sum(s.samples for s in steady)
+    train_s = sum(s.train_s for s in steady)
+    trainer_rate, loop_rate = samples / train_s, samples / step_wall
+    console.print(
+        f"trainer: {trainer_rate:.1f} samples/s, {sum(s.response_tokens for s in steady) / train_s:.0f} "
+        f"response tokens/s on the tiny model; the whole loop: {loop_rate:.1f} samples/s "
+        f"(the trainer alone is {trainer_rate / loop_rate:.1f}x faster than the loop it is part of)"
+    )
+    console.print(
+        f"whole run (incl. trainer load and the first reload): {wall_s:.1f} s for {len(steps)} steps"
+    )
+
+
+if __name__ == "__main__":
+    main()

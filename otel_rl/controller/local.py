@@ -1,0 +1,274 @@
+"""Local rollout controller: each rollout attempt is a harness process in its own process group."""
+
+import asyncio
+import contextlib
+import os
+import signal
+import time
+import uuid
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from enum import StrEnum
+from pathlib import Path
+from typing import Any
+
+from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import BatchSpanProcessor
+from opentelemetry.trace import Span, Status, StatusCode
+
+from otel_rl import attributes as attr
+from otel_rl.controller.environment import harness_argv, harness_environment, validate_user_env
+
+
+class RolloutStatus(StrEnum):
+    """How an attempt ended (the `otel_rl.rollout.status` attribute)."""
+
+    OK = "ok"  # exit status 0
+    ERROR = "error"  # non-zero exit status: the harness's own failure, not retried
+    TIMEOUT = "timeout"  # ran past timeout_s; its process group was killed
+    CRASHED = "crashed"  # killed by a signal the controller did not send
+    INFRA_ERROR = "infra_error"  # could not be started (or was cancelled by the controller)
+
+
+RETRIED = frozenset({RolloutStatus.TIMEOUT, RolloutStatus.CRASHED, RolloutStatus.INFRA_ERROR})
+
+
+@dataclass(frozen=True)
+class Rollout:
+    """One rollout to run: a task (a JSON object), its GRPO group and its split."""
+
+    rollout_id: str
+    group_id: str
+    task_id: str
+    task: Mapping[str, Any]
+    split: str = "train"
+
+
+def new_id() -> str:
+    """A fresh random id (32 lowercase hex) for rollouts, attempts and groups."""
+    return uuid.uuid4().hex
+
+
+def group_rollouts(
+    task_id: str, task: Mapping[str, Any], n: int, *, group_id: str | None = None, split: str = "train"
+) -> list[Rollout]:
+    """n rollouts of the same task sharing one group id (a GRPO group), new unless given."""
+    group_id = group_id or new_id()
+    return [Rollout(new_id(), group_id, task_id, task, split) for _ in range(n)]
+
+
+@dataclass(frozen=True)
+class AttemptResult:
+    """One attempt of a rollout, as recorded on its `otel_rl.rollout` span."""
+
+    attempt_id: str
+    status: RolloutStatus
+    exit_code: int | None  # negative: killed by that signal number (Python's convention)
+    trace_id: str
+    duration_s: float
+    log_path: Path
+
+
+@dataclass(frozen=True)
+class RolloutResult:
+    """A rollout and all its attempts, in order; the last one is final."""
+
+    rollout: Rollout
+    attempts: tuple[AttemptResult, ...]
+
+    @property
+    def status(self) -> RolloutStatus:
+        return self.attempts[-1].status
+
+
+@dataclass(frozen=True)
+class ControllerSettings:
+    """How harnesses are run: command, limits, retries (the `rollouts` section of a training config)."""
+
+    command: str | Sequence[str]  # a string runs through /bin/sh -c; `{task}` is replaced by the task JSON
+    concurrency: int = 8
+    timeout_s: float = 600.0
+    max_attempts: int = 2  # attempts per rollout, counting retries of timeouts, crashes and infra errors
+    kill_grace_s: float = 5.0  # SIGTERM → SIGKILL delay when a timeout kills the process group
+    log_dir: Path = Path(".otel_rl/rollouts")
+    env: Mapping[str, str] = field(default_factory=dict)  # extra variables for every harness
+
+    def __post_init__(self) -> None:
+        if not self.command:
+            raise ValueError("rollouts.command is empty: give the harness command (argv list or shell line)")
+        if self.concurrency < 1 or self.max_attempts < 1 or self.timeout_s <= 0:
+            raise ValueError("rollouts: concurrency and max_attempts must be >= 1, timeout_s > 0")
+        validate_user_env(self.env)
+
+
+KeyIssuer = Callable[[Mapping[str, str]], str]  # rollout identity attributes → rollout-scoped API key
+
+
+def classify(returncode: int, *, timed_out: bool, through_shell: bool) -> RolloutStatus:
+    """The status of a finished harness process."""
+    if timed_out:
+        return RolloutStatus.TIMEOUT
+    if returncode == 0:
+        return RolloutStatus.OK
+    # A shell reports its last command's death by signal N as exit status 128 + N.
+    if returncode < 0 or (through_shell and 128 < returncode < 128 + signal.NSIG):
+        return RolloutStatus.CRASHED
+    return RolloutStatus.ERROR
+
+
+class Controller:
+    """Runs rollouts as local harness processes and records each attempt's status as an OTel span."""
+
+    def __init__(
+        self,
+        settings: ControllerSettings,
+        *,
+        otlp_endpoint: str,
+        openai_base_url: str,
+        token: str,
+        issue_key: KeyIssuer,
+    ) -> None:
+        self.settings = settings
+        self._otlp_endpoint = otlp_endpoint.rstrip("/")
+        self._openai_base_url = openai_base_url
+        self._issue_key = issue_key
+        self._provider = TracerProvider(resource=Resource.create({"service.name": "otel-rl-controller"}))
+        exporter = OTLPSpanExporter(
+            endpoint=f"{self._otlp_endpoint}/v1/traces", headers={"authorization": f"Bearer {token}"}
+        )
+        # A short delay: the online loop waits for these spans to decide that a group is complete.
+        self._provider.add_span_processor(BatchSpanProcessor(exporter, schedule_delay_millis=100))
+        self._tracer = self._provider.get_tracer(attr.CONTROLLER_SCOPE)
+        self._slots: asyncio.Semaphore | None = None
+        settings.log_dir.mkdir(parents=True, exist_ok=True)
+
+    def run(self, rollouts: Sequence[Rollout]) -> list[RolloutResult]:
+        """Run all rollouts (at most concurrency at a time) and wait until their spans are exported."""
+        results = asyncio.run(self.run_async(rollouts))
+        self.flush()
+        return results
+
+    async def run_async(self, rollouts: Sequence[Rollout]) -> list[RolloutResult]:
+        return list(await asyncio.gather(*(self.run_rollout(rollout) for rollout in rollouts)))
+
+    async def run_rollout(self, rollout: Rollout) -> RolloutResult:
+        """Run one rollout, retrying timeouts, crashes and infra errors as new attempts."""
+        attempts: list[AttemptResult] = []
+        while True:
+            async with self._concurrency():
+                attempt = await self._run_attempt(rollout)
+            attempts.append(attempt)
+            if attempt.status not in RETRIED or len(attempts) >= self.settings.max_attempts:
+                return RolloutResult(rollout, tuple(attempts))
+
+    def flush(self) -> None:
+        """Export every finished attempt's span now."""
+        self._provider.force_flush()
+
+    def close(self) -> None:
+        self._provider.shutdown()
+
+    def _concurrency(self) -> asyncio.Semaphore:
+        # Created lazily: a semaphore binds to the running event loop.
+        if self._slots is None:
+            self._slots = asyncio.Semaphore(self.settings.concurrency)
+        return self._slots
+
+    async def _run_attempt(self, rollout: Rollout) -> AttemptResult:
+        attempt_id = new_id()
+        identity = {
+            attr.ROLLOUT_ID: rollout.rollout_id,
+            attr.ATTEMPT_ID: attempt_id,
+            attr.GROUP_ID: rollout.group_id,
+            attr.TASK_ID: rollout.task_id,
+            attr.SPLIT: rollout.split,
+        }
+        log_path = self.settings.log_dir / f"{rollout.rollout_id}-{attempt_id}.log"
+        span = self._tracer.start_span(attr.ROLLOUT_SPAN_NAME, attributes=identity)
+        started = time.monotonic()
+        status, exit_code = RolloutStatus.INFRA_ERROR, None
+        try:
+            status, exit_code = await self._run_process(rollout, identity, span, log_path)
+        except asyncio.CancelledError:
+            span.set_attribute(attr.ROLLOUT_STATUS, RolloutStatus.INFRA_ERROR.value)
+            span.set_status(Status(StatusCode.ERROR, "cancelled by the controller"))
+            span.end()
+            raise
+        except Exception as error:  # no key, no executable, no log file: the rollout never ran properly
+            span.record_exception(error)
+            _append_error(log_path, error)
+        _end_span(span, status, exit_code)
+        return AttemptResult(
+            attempt_id=attempt_id,
+            status=status,
+            exit_code=exit_code,
+            trace_id=f"{span.get_span_context().trace_id:032x}",
+            duration_s=time.monotonic() - started,
+            log_path=log_path,
+        )
+
+    async def _run_process(
+        self, rollout: Rollout, identity: Mapping[str, str], span: Span, log_path: Path
+    ) -> tuple[RolloutStatus, int | None]:
+        api_key = await asyncio.to_thread(self._issue_key, identity)
+        env = harness_environment(
+            inherited=os.environ,
+            user_env=self.settings.env,
+            otlp_endpoint=self._otlp_endpoint,
+            openai_base_url=self._openai_base_url,
+            api_key=api_key,
+            identity=identity,
+            parent=span.get_span_context(),
+            task=rollout.task,
+        )
+        argv = harness_argv(self.settings.command, rollout.task)
+        with log_path.open("wb") as log:
+            process = await asyncio.create_subprocess_exec(
+                *argv,
+                env=env,
+                stdin=asyncio.subprocess.DEVNULL,
+                stdout=log,
+                stderr=asyncio.subprocess.STDOUT,
+                start_new_session=True,  # its own process group, so that a kill reaches every descendant
+            )
+        timed_out = False
+        try:
+            try:
+                returncode = await asyncio.wait_for(process.wait(), self.settings.timeout_s)
+            except TimeoutError:
+                timed_out = True
+                returncode = await self._terminate(process)
+        finally:
+            # Nothing a rollout started may outlive it (also on cancellation).
+            _signal_group(process.pid, signal.SIGKILL)
+        through_shell = isinstance(self.settings.command, str)
+        return classify(returncode, timed_out=timed_out, through_shell=through_shell), returncode
+
+    async def _terminate(self, process: asyncio.subprocess.Process) -> int:
+        _signal_group(process.pid, signal.SIGTERM)
+        try:
+            return await asyncio.wait_for(process.wait(), self.settings.kill_grace_s)
+        except TimeoutError:
+            _signal_group(process.pid, signal.SIGKILL)
+            return await process.wait()
+
+
+def _signal_group(pgid: int, signum: int) -> None:
+    with contextlib.suppress(ProcessLookupError):  # the whole group has already exited
+        os.killpg(pgid, signum)
+
+
+def _append_error(log_path: Path, error: Exception) -> None:
+    with contextlib.suppress(OSError), log_path.open("a") as log:
+        log.write(f"otel-rl controller: {type(error).__name__}: {error}\n")
+
+
+def _end_span(span: Span, status: RolloutStatus, exit_code: int | None) -> None:
+    span.set_attribute(attr.ROLLOUT_STATUS, status.value)
+    if exit_code is not None:
+        span.set_attribute(attr.ROLLOUT_EXIT_CODE, exit_code)
+    if status is not RolloutStatus.OK:
+        span.set_status(Status(StatusCode.ERROR, status.value))
+    span.end()

@@ -1,0 +1,74 @@
+"""Who a call is for: the rollout of its key, W3C baggage, X-OTel-RL-* headers; and its trace parent.
+
+The rollout key is the authority: a harness holding one cannot claim another rollout. The identity given
+when the key was issued (attempt, group, task, split) applies to every call made with it, so a harness that
+only sets OPENAI_API_KEY is fully attributed. Baggage and headers fill in what the key does not say.
+"""
+
+from collections.abc import Mapping
+
+from opentelemetry import baggage
+from opentelemetry.baggage.propagation import W3CBaggagePropagator
+from opentelemetry.context import Context
+from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+
+from otel_rl.attributes import IDENTITY_HEADERS, IDENTITY_KEYS, ROLLOUT_ID, SPLIT
+from otel_rl.auth import Forbidden, Principal
+
+_TRACE_CONTEXT = TraceContextTextMapPropagator()
+_BAGGAGE = W3CBaggagePropagator()
+SPLITS = ("train", "val")
+
+
+class RolloutIdentities:
+    """The identity registered with each rollout's key (kept in memory: after a restart, headers/baggage)."""
+
+    def __init__(self) -> None:
+        self._identities: dict[str, dict[str, str]] = {}
+
+    def register(self, rollout_id: str, identity: Mapping[str, str]) -> dict[str, str]:
+        """Remember `identity` (otel_rl.* keys) for `rollout_id`; returns the full identity."""
+        full = {
+            key: str(value) for key, value in identity.items() if key in IDENTITY_KEYS and value is not None
+        }
+        full[ROLLOUT_ID] = rollout_id
+        _check_split(full)
+        self._identities[rollout_id] = full
+        return full
+
+    def get(self, rollout_id: str) -> dict[str, str]:
+        return self._identities.get(rollout_id, {ROLLOUT_ID: rollout_id})
+
+
+def caller_identity(
+    principal: Principal, headers: Mapping[str, str], identities: RolloutIdentities
+) -> dict[str, str]:
+    """The rollout identity of a call; Forbidden when a rollout key claims another rollout."""
+    identity: dict[str, str] = {}
+    if "baggage" in headers:
+        entries = baggage.get_all(_BAGGAGE.extract(headers))
+        identity.update({key: str(entries[key]) for key in IDENTITY_KEYS if key in entries})
+    for key, header in IDENTITY_HEADERS.items():
+        value = headers.get(header)
+        if value:
+            identity[key] = value
+    if principal.rollout_id is not None:
+        claimed = identity.get(ROLLOUT_ID)
+        if claimed is not None and claimed != principal.rollout_id:
+            raise Forbidden(f"this key is for rollout {principal.rollout_id!r}, not {claimed!r}")
+        identity.update(identities.get(principal.rollout_id))
+    _check_split(identity)
+    return identity
+
+
+def trace_parent(headers: Mapping[str, str]) -> Context:
+    """The caller's trace context from `traceparent`, or an empty context (the call's span is a root)."""
+    if "traceparent" not in headers:
+        return Context()
+    return _TRACE_CONTEXT.extract(headers, context=Context())
+
+
+def _check_split(identity: Mapping[str, str]) -> None:
+    split = identity.get(SPLIT)
+    if split is not None and split not in SPLITS:
+        raise ValueError(f"{SPLIT} must be one of {', '.join(SPLITS)}, not {split!r}")

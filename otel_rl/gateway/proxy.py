@@ -1,0 +1,319 @@
+"""The OpenAI-compatible proxy: admits a call, sends it to the rollout's vLLM server, relays, records it."""
+
+import asyncio
+import logging
+import time
+from collections.abc import AsyncIterator, Mapping
+from typing import Any
+
+import aiohttp
+import orjson
+from starlette.background import BackgroundTask
+from starlette.responses import Response, StreamingResponse
+
+from otel_rl.attributes import GATEWAY_SCOPE, ROLLOUT_ID, SPLIT
+from otel_rl.auth import Auth, Principal
+from otel_rl.gateway.attribution import RolloutIdentities, caller_identity, trace_parent
+from otel_rl.gateway.client import UpstreamClient, UpstreamError, upstream_error
+from otel_rl.gateway.export import Ingest, gateway_tracer_provider
+from otel_rl.gateway.metrics import GatewayMetrics
+from otel_rl.gateway.outputs import StreamAssembler, parse_chat_response, parse_completion_response
+from otel_rl.gateway.recording import CallRecord, record_call
+from otel_rl.gateway.reload import GatewayPaused, ReloadCoordinator, ReloadResult
+from otel_rl.gateway.servers import InferenceServer, NoServerAvailable, ServerPool
+from otel_rl.gateway.settings import GatewaySettings
+from otel_rl.gateway.upstream import ClientAsked, SSEBuffer, strip_response, upstream_body
+
+log = logging.getLogger(__name__)
+
+PATHS = {"chat": "/v1/chat/completions", "text_completion": "/v1/completions"}
+ABORTED = b'"finish_reason":"abort"'  # vLLM's compact JSON for a call cut by `/pause?mode=abort`
+RELOAD_RETRY_AFTER_S = 1
+
+
+class CallError(Exception):
+    """A call that fails before or instead of reaching vLLM; turned into an OpenAI-style error response."""
+
+    def __init__(
+        self, status: int, message: str, error_type: str, retry_after_s: float | None = None
+    ) -> None:
+        super().__init__(message)
+        self.status = status
+        self.error_type = error_type
+        self.retry_after_s = retry_after_s
+
+    def response(self) -> Response:
+        headers = {"retry-after": str(max(1, round(self.retry_after_s)))} if self.retry_after_s else None
+        return Response(
+            error_body(self.status, str(self), self.error_type), self.status, headers, "application/json"
+        )
+
+
+def error_body(status: int, message: str, error_type: str) -> bytes:
+    """An OpenAI-style error body (what the official client turns into an APIError)."""
+    return orjson.dumps({"error": {"message": message, "type": error_type, "param": None, "code": status}})
+
+
+class Gateway:
+    """Routes, relays and records model calls; owns the HTTP client, server pool and reload coordinator."""
+
+    def __init__(self, settings: GatewaySettings, *, auth: Auth, ingest: Ingest) -> None:
+        self.settings = settings
+        self.auth = auth
+        self.identities = RolloutIdentities()
+        self.metrics = GatewayMetrics()
+        self.pool = ServerPool(settings.servers)
+        self.tracer_provider = gateway_tracer_provider(
+            ingest, flush_ms=settings.span_flush_ms, forward_otlp=settings.forward_otlp
+        )
+        self.tracer = self.tracer_provider.get_tracer(GATEWAY_SCOPE)
+        self.client = UpstreamClient(
+            connect_timeout_s=settings.connect_timeout_s, read_timeout_s=settings.upstream_timeout_s
+        )
+        self.coordinator = ReloadCoordinator(
+            self.pool,
+            self.client,
+            self.tracer,
+            pause_wait_s=settings.pause_wait_s,
+            drain_timeout_s=settings.drain_timeout_s,
+            reload_timeout_s=settings.reload_timeout_s,
+        )
+        self._health_task: asyncio.Task | None = None
+
+    async def start(self) -> None:
+        await self.client.start()
+        self._health_task = asyncio.create_task(self._probe_forever())
+
+    async def stop(self) -> None:
+        if self._health_task is not None:
+            self._health_task.cancel()
+        await self.client.close()
+        self.tracer_provider.shutdown()  # flushes the spans still queued
+
+    async def _probe_forever(self) -> None:
+        while True:
+            await asyncio.sleep(self.settings.health_interval_s)
+            await self.pool.probe(self.client, timeout_s=self.settings.connect_timeout_s)
+
+    # ------------------------------------------------------------------ a call
+
+    def principal(self, headers: Mapping[str, str]) -> Principal:
+        return self.auth.authenticate(headers.get("authorization"))
+
+    async def call(
+        self, operation: str, principal: Principal, headers: Mapping[str, str], raw: bytes
+    ) -> Response:
+        """Relay one chat or completions call and record it."""
+        body = _json_object(raw)
+        if operation == "text_completion" and not isinstance(body.get("prompt"), str | None):
+            prompt = body["prompt"]
+            if not (isinstance(prompt, list) and all(isinstance(t, int) for t in prompt)):
+                raise CallError(
+                    400, "send one prompt per call (a string or a list of token ids)", "BadRequestError"
+                )
+        identity = caller_identity(principal, headers, self.identities)
+        parent = trace_parent(headers)
+        try:
+            policy = await self.coordinator.admit()
+        except GatewayPaused as paused:
+            raise CallError(503, str(paused), "ServiceUnavailableError", paused.retry_after_s) from None
+        forced = self.settings.split_sampling.get(identity.get(SPLIT, ""), {})
+        sent, asked = upstream_body(operation, body, forced, policy.served_model)
+        record = CallRecord(operation, body, sent, identity, parent, policy.version, time.time_ns())
+        try:
+            server, response = await self._send(
+                PATHS[operation], orjson.dumps(sent), identity.get(ROLLOUT_ID), record
+            )
+        except CallError as error:
+            self.coordinator.release()
+            record.error_type, record.error_message = error.error_type, str(error)
+            return self._finish(record, error.response())
+        if sent.get("stream") and response.status == 200:
+            return self._relay_stream(record, asked, server, response)
+        try:
+            content = await self.client.read(response)
+        except UpstreamError as error:
+            return self._finish(record, self._upstream_failure(record, error).response())
+        finally:
+            response.release()
+            server.in_flight -= 1
+            self.coordinator.release()
+        return self._finish(record, self._answer(record, asked, response.status, content))
+
+    async def _send(
+        self, path: str, content: bytes, rollout_id: str | None, record: CallRecord
+    ) -> tuple[InferenceServer, aiohttp.ClientResponse]:
+        """Send to the rollout's server; a server refusing the connection is skipped (nothing was sent)."""
+        tried: tuple[InferenceServer, ...] = ()
+        while True:
+            try:
+                server = self.pool.pick(rollout_id, exclude=tried)
+            except NoServerAvailable as error:
+                raise CallError(503, str(error), "ServiceUnavailableError", RELOAD_RETRY_AFTER_S) from None
+            record.server_url = server.url
+            server.in_flight += 1
+            try:
+                return server, await self.client.send(server.url + path, content)
+            except UpstreamError as error:
+                server.in_flight -= 1
+                if error.kind != "connect":
+                    raise self._upstream_failure(record, error) from None
+                server.healthy = False
+                log.warning("inference server %s refused a connection; marked unhealthy", server.url)
+                tried += (server,)
+
+    def _answer(self, record: CallRecord, asked: ClientAsked, status: int, content: bytes) -> Response:
+        """The client's response to a non-streaming call, and its outcome on the record."""
+        if status != 200:
+            record.error_type, record.error_message = str(status), _error_message(content)
+            return Response(content, status, media_type="application/json")
+        response = orjson.loads(content)
+        parse = parse_chat_response if record.operation == "chat" else parse_completion_response
+        record.output = parse(response)
+        if ABORTED in content:
+            error = CallError(
+                503, "the call was aborted for a weight reload; retry it", "ServiceUnavailableError", 1
+            )
+            record.error_type, record.error_message = "aborted", str(error)
+            return error.response()
+        if not asked.everything:
+            content = orjson.dumps(strip_response(response, asked))
+        return Response(content, 200, media_type="application/json")
+
+    def _relay_stream(
+        self,
+        record: CallRecord,
+        asked: ClientAsked,
+        server: InferenceServer,
+        response: aiohttp.ClientResponse,
+    ) -> StreamingResponse:
+        assembler = StreamAssembler(record.operation)
+
+        async def relay() -> AsyncIterator[bytes]:
+            sse = SSEBuffer()
+            try:
+                async for data in response.content.iter_any():
+                    if record.time_to_first_chunk_s is None:
+                        record.time_to_first_chunk_s = (time.time_ns() - record.start_ns) / 1e9
+                    payloads = sse.feed(data)
+                    if any(ABORTED in payload for payload in payloads):
+                        record.error_type, record.error_message = "aborted", "aborted for a weight reload"
+                        yield _sse_error(503, "the call was aborted for a weight reload; retry it")
+                        return
+                    relayed = _relay_events(payloads, assembler, asked, data)
+                    if relayed:
+                        yield relayed
+            except (aiohttp.ClientError, TimeoutError) as error:
+                failure = self._upstream_failure(record, upstream_error(server.url, error))
+                yield _sse_error(failure.status, str(failure))
+            finally:
+                if assembler.finished:
+                    response.release()
+                else:  # the client left or the call failed: dropping the connection makes vLLM abort it
+                    response.close()
+                server.in_flight -= 1
+                self.coordinator.release()
+                if record.error_type is None and not assembler.finished:
+                    record.error_type, record.error_message = (
+                        "client_disconnected",
+                        "the client left mid-stream",
+                    )
+                record.output = assembler.output
+                self._finish(record, None)
+
+        return StreamingResponse(relay(), media_type="text/event-stream")
+
+    def _upstream_failure(self, record: CallRecord, error: UpstreamError) -> CallError:
+        """The client's error for a transport failure between the gateway and vLLM."""
+        if error.kind == "timeout":
+            failure = CallError(504, f"the inference server did not answer in time: {error}", "TimeoutError")
+            record.error_type = "upstream_timeout"
+        else:
+            failure = CallError(502, f"the inference server failed mid-call: {error}", "BadGatewayError")
+            record.error_type = "upstream_disconnected"
+        record.error_message = str(failure)
+        return failure
+
+    def _finish(self, record: CallRecord, response: Response | None) -> Response | None:
+        """Record the call once the client has its response (off the response's critical path)."""
+        record.end_ns = time.time_ns()
+        self.metrics.count_call(record.operation, record.error_type)
+        if response is None:
+            record_call(self.tracer, record)
+        else:
+            response.background = BackgroundTask(self._record, record)
+        return response
+
+    async def _record(self, record: CallRecord) -> None:
+        record_call(self.tracer, record)
+
+    # ------------------------------------------------------------------ models
+
+    async def models(self) -> Response:
+        """The model list of an available server (the policy's LoRA adapter included when one is loaded)."""
+        try:
+            server = self.pool.pick(None)
+            status, content = await self.client.request(
+                "GET", f"{server.url}/v1/models", timeout_s=self.settings.connect_timeout_s
+            )
+        except NoServerAvailable as error:
+            raise CallError(503, str(error), "ServiceUnavailableError", RELOAD_RETRY_AFTER_S) from None
+        except UpstreamError as error:
+            raise CallError(502, f"the inference server failed: {error}", "BadGatewayError") from None
+        return Response(content, status, media_type="application/json")
+
+    # ------------------------------------------------------------------ reloads
+
+    async def reload(self, *, version: int, checkpoint: str | None, lora_adapter: str | None) -> ReloadResult:
+        """Switch every server to new weights (see ReloadCoordinator) and count the outcome."""
+        result = await self.coordinator.reload(
+            version=version, checkpoint=checkpoint, lora_adapter=lora_adapter
+        )
+        self.metrics.count_reload(result)
+        return result
+
+
+def _relay_events(
+    payloads: list[bytes], assembler: StreamAssembler, asked: ClientAsked, data: bytes
+) -> bytes:
+    """Feed a received piece of the stream to the assembler; the bytes to pass on to the client."""
+    chunks = [orjson.loads(payload) if payload != b"[DONE]" else None for payload in payloads]
+    for chunk in chunks:
+        if chunk is None:
+            assembler.finished = True
+        else:
+            assembler.add(chunk)
+    if asked.everything:
+        return data
+    return b"".join(
+        b"data: [DONE]\n\n"
+        if chunk is None
+        else b"data: " + orjson.dumps(strip_response(chunk, asked)) + b"\n\n"
+        for chunk in chunks
+    )
+
+
+def _sse_error(status: int, message: str) -> bytes:
+    """An error event: the official client raises it as an APIError mid-stream."""
+    return (
+        b"data: "
+        + error_body(status, message, "ServiceUnavailableError" if status == 503 else "APIError")
+        + b"\n\n"
+    )
+
+
+def _json_object(raw: bytes) -> dict[str, Any]:
+    try:
+        body = orjson.loads(raw)
+    except orjson.JSONDecodeError as error:
+        raise CallError(400, f"the request body is not JSON: {error}", "BadRequestError") from None
+    if not isinstance(body, dict):
+        raise CallError(400, "the request body must be a JSON object", "BadRequestError")
+    return body
+
+
+def _error_message(content: bytes) -> str:
+    try:
+        return str(orjson.loads(content)["error"]["message"])
+    except (orjson.JSONDecodeError, KeyError, TypeError):
+        return content[:500].decode(errors="replace")

@@ -1,0 +1,327 @@
+"""Synchronized weight reloads: pause, drain, reload and verify every server, switch version, resume.
+
+While a reload runs, new calls wait at the gate (up to `pause_wait_s`, then 503 + Retry-After), so every call
+runs entirely under one policy version and says which. A server that fails to reload or to verify is taken
+out; the version switches for all remaining servers at once.
+"""
+
+import asyncio
+import logging
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import orjson
+from opentelemetry.trace import SpanKind, Status, StatusCode, Tracer
+
+from otel_rl.attributes import POLICY_VERSION, RELOAD_SPAN_NAME
+from otel_rl.gateway.client import UpstreamClient, UpstreamError
+from otel_rl.gateway.servers import InferenceServer, ServerPool, weight_checksums
+
+log = logging.getLogger(__name__)
+
+LORA_NAME = "otel-rl-policy"  # the name vLLM serves the policy's LoRA adapter under
+ABORT_GRACE_S = 10.0  # how long aborted calls may take to return after `/pause?mode=abort`
+
+
+class GatewayPaused(RuntimeError):
+    """A call waited longer than the bound for a reload to finish."""
+
+    def __init__(self, retry_after_s: float) -> None:
+        super().__init__("the gateway is reloading the policy's weights; retry shortly")
+        self.retry_after_s = retry_after_s
+
+
+class ReloadRejected(ValueError):
+    """A reload request that cannot be carried out as asked (HTTP 409)."""
+
+
+@dataclass(frozen=True)
+class Policy:
+    """The weights every available server serves now."""
+
+    version: int = 0
+    checkpoint: str | None = None
+    lora_adapter: str | None = None
+
+    @property
+    def served_model(self) -> str | None:
+        """The model name calls must use on vLLM (the adapter's), or None to keep the client's."""
+        return LORA_NAME if self.lora_adapter else None
+
+
+@dataclass
+class ServerReload:
+    url: str
+    ok: bool = False
+    error: str | None = None
+    weights_changed: bool | None = None
+    checksums: dict[str, str] | None = field(default=None, repr=False)
+
+
+@dataclass
+class ReloadResult:
+    """What one reload did, and how long each phase took (milliseconds)."""
+
+    version: int
+    previous_version: int
+    checkpoint: str | None
+    lora_adapter: str | None
+    servers: list[ServerReload]
+    in_flight_at_pause: int = 0
+    aborted: int = 0
+    drain_ms: float = 0.0
+    pause_ms: float = 0.0
+    reload_ms: float = 0.0
+    verify_ms: float = 0.0
+    resume_ms: float = 0.0
+    total_ms: float = 0.0
+
+    @property
+    def ok(self) -> bool:
+        return any(server.ok for server in self.servers)
+
+    @property
+    def failed(self) -> list[ServerReload]:
+        return [server for server in self.servers if not server.ok]
+
+    def to_json(self) -> dict[str, Any]:
+        data = asdict(self)
+        for server in data["servers"]:
+            server.pop("checksums")
+        return data
+
+
+class ReloadCoordinator:
+    """Owns the pause gate, the count of calls in flight, and the current policy."""
+
+    def __init__(
+        self,
+        pool: ServerPool,
+        client: UpstreamClient,
+        tracer: Tracer,
+        *,
+        pause_wait_s: float,
+        drain_timeout_s: float,
+        reload_timeout_s: float,
+    ) -> None:
+        self.pool = pool
+        self.policy = Policy()
+        self.in_flight = 0
+        self.last_result: ReloadResult | None = None
+        self._client = client
+        self._tracer = tracer
+        self._pause_wait_s = pause_wait_s
+        self._drain_timeout_s = drain_timeout_s
+        self._reload_timeout_s = reload_timeout_s
+        self._open = asyncio.Event()
+        self._open.set()
+        self._drained = asyncio.Event()
+        self._drained.set()
+        self._lock = asyncio.Lock()
+        self._aborting = False
+
+    # ------------------------------------------------------------------ the gate
+
+    async def admit(self) -> Policy:
+        """Let one call in (waiting while a reload runs); it runs under the returned policy until released."""
+        while not self._open.is_set():
+            try:
+                await asyncio.wait_for(self._open.wait(), self._pause_wait_s)
+            except TimeoutError:
+                raise GatewayPaused(retry_after_s=1.0) from None
+        self.in_flight += 1
+        self._drained.clear()
+        return self.policy
+
+    def release(self) -> None:
+        self.in_flight -= 1
+        if self.in_flight == 0:
+            self._drained.set()
+
+    @property
+    def aborting(self) -> bool:
+        """True while a reload aborts the calls that outlived the drain deadline."""
+        return self._aborting
+
+    # ------------------------------------------------------------------ the reload
+
+    async def reload(self, *, version: int, checkpoint: str | None, lora_adapter: str | None) -> ReloadResult:
+        """Switch every server to new weights; one reload at a time."""
+        if (checkpoint is None) == (lora_adapter is None):
+            raise ReloadRejected("give exactly one of 'checkpoint' (a model folder) or 'lora_adapter'")
+        async with self._lock:
+            if version <= self.policy.version:
+                raise ReloadRejected(f"version must increase: the current version is {self.policy.version}")
+            start_ns = time.time_ns()
+            start = time.perf_counter()
+            result = ReloadResult(version, self.policy.version, checkpoint, lora_adapter, [])
+            self._open.clear()
+            try:
+                await self._drain(result)
+                servers = [s for s in self.pool.servers if s.healthy or s.out_reason is not None]
+                result.servers = [ServerReload(s.url) for s in servers]
+                await self._reload_all(servers, result, checkpoint, lora_adapter)
+                self._switch(servers, result)
+            finally:
+                self._open.set()
+                result.total_ms = _ms_since(start)
+            self.last_result = result
+            self._record(result, start_ns)
+            return result
+
+    async def _drain(self, result: ReloadResult) -> None:
+        result.in_flight_at_pause = self.in_flight
+        t = time.perf_counter()
+        try:
+            await asyncio.wait_for(self._drained.wait(), self._drain_timeout_s)
+        except TimeoutError:
+            result.aborted = self.in_flight
+            log.warning("drain deadline passed: aborting %d calls in flight", self.in_flight)
+            self._aborting = True
+            try:
+                await asyncio.gather(
+                    *(
+                        self._post(s.url, "/pause", params={"mode": "abort"})
+                        for s in self.pool.servers
+                        if s.healthy
+                    ),
+                    return_exceptions=True,
+                )
+                await asyncio.wait_for(self._drained.wait(), ABORT_GRACE_S)
+            finally:
+                self._aborting = False
+        result.drain_ms = _ms_since(t)
+
+    async def _reload_all(
+        self, servers: list[InferenceServer], result: ReloadResult, checkpoint: str | None, lora: str | None
+    ) -> None:
+        outcomes = dict(zip(servers, result.servers, strict=True))
+        t = time.perf_counter()
+        await asyncio.gather(*(self._guard(outcome, self._pause(s.url)) for s, outcome in outcomes.items()))
+        result.pause_ms = _ms_since(t)
+        t = time.perf_counter()
+        await asyncio.gather(
+            *(self._guard(outcome, self._load(s.url, checkpoint, lora)) for s, outcome in outcomes.items())
+        )
+        result.reload_ms = _ms_since(t)
+        t = time.perf_counter()
+        await asyncio.gather(
+            *(self._guard(outcome, self._verify(s.url, outcome, lora)) for s, outcome in outcomes.items())
+        )
+        _check_same_weights(list(outcomes.values()))
+        result.verify_ms = _ms_since(t)
+        # A server that failed stays paused on vLLM too: nobody can reach its stale weights.
+        t = time.perf_counter()
+        await asyncio.gather(
+            *(self._guard(outcome, self._post(s.url, "/resume")) for s, outcome in outcomes.items())
+        )
+        result.resume_ms = _ms_since(t)
+
+    async def _guard(self, outcome: ServerReload, step) -> None:
+        """Run one server's step unless an earlier one failed; a failure marks the server's outcome."""
+        if outcome.error is not None:
+            step.close()
+            return
+        try:
+            await step
+        except (UpstreamError, KeyError, ValueError) as error:
+            outcome.ok = False
+            outcome.error = f"{type(error).__name__}: {error}"
+
+    async def _pause(self, url: str) -> None:
+        await self._post(url, "/pause", params={"mode": "wait"})
+
+    async def _load(self, url: str, checkpoint: str | None, lora: str | None) -> None:
+        if checkpoint is not None:
+            await self._post(
+                url,
+                "/collective_rpc",
+                json={"method": "reload_weights", "kwargs": {"weights_path": checkpoint}},
+            )
+        else:
+            await self._post(
+                url,
+                "/v1/load_lora_adapter",
+                json={"lora_name": LORA_NAME, "lora_path": lora, "load_inplace": True},
+            )
+        # Mandatory: prefixes cached under the old weights would otherwise be reused with the new ones.
+        await self._post(url, "/reset_prefix_cache")
+
+    async def _verify(self, url: str, outcome: ServerReload, lora: str | None) -> None:
+        if lora is not None:
+            _, body = await self._client.request("GET", f"{url}/v1/models", timeout_s=self._reload_timeout_s)
+            models = orjson.loads(body)
+            roots = {model.get("id"): model.get("root") for model in models.get("data", [])}
+            if roots.get(LORA_NAME) != lora:
+                raise ValueError(f"the server lists adapter {roots.get(LORA_NAME)!r}, not {lora!r}")
+            outcome.ok = True
+            return
+        outcome.checksums = await weight_checksums(self._client, url, self._reload_timeout_s)
+        before = self.pool.reference_checksums
+        outcome.weights_changed = None if before is None else outcome.checksums != before
+        outcome.ok = True
+
+    def _switch(self, servers: list[InferenceServer], result: ReloadResult) -> None:
+        """Take out the servers that failed; the others serve the new version from now on."""
+        for server, outcome in zip(servers, result.servers, strict=True):
+            if outcome.ok:
+                server.out_reason = None
+                server.healthy = True
+            else:
+                self.pool.take_out(server, f"reload to version {result.version} failed: {outcome.error}")
+        good = [outcome for outcome in result.servers if outcome.ok]
+        if not good:
+            log.error("reload to version %d failed on every server; no server is available", result.version)
+            return
+        if good[0].checksums is not None:
+            self.pool.reference_checksums = good[0].checksums
+        self.policy = Policy(result.version, result.checkpoint, result.lora_adapter)
+
+    async def _post(self, url: str, path: str, **kwargs: Any) -> bytes:
+        status, body = await self._client.request(
+            "POST", url + path, timeout_s=self._reload_timeout_s, **kwargs
+        )
+        if status != 200:
+            raise ValueError(f"{path} answered HTTP {status}: {body[:300].decode(errors='replace')}")
+        return body
+
+    def _record(self, result: ReloadResult, start_ns: int) -> None:
+        attributes: dict[str, Any] = {
+            POLICY_VERSION: result.version,
+            "otel_rl.policy.previous_version": result.previous_version,
+            "otel_rl.reload.servers": [server.url for server in result.servers],
+            "otel_rl.reload.failed_servers": [server.url for server in result.failed],
+            "otel_rl.reload.in_flight_at_pause": result.in_flight_at_pause,
+            "otel_rl.reload.aborted": result.aborted,
+        }
+        for phase in ("drain", "pause", "reload", "verify", "resume", "total"):
+            attributes[f"otel_rl.reload.{phase}_ms"] = getattr(result, f"{phase}_ms")
+        if result.checkpoint:
+            attributes["otel_rl.reload.checkpoint"] = result.checkpoint
+        if result.lora_adapter:
+            attributes["otel_rl.reload.lora_adapter"] = result.lora_adapter
+        span = self._tracer.start_span(
+            RELOAD_SPAN_NAME, kind=SpanKind.INTERNAL, attributes=attributes, start_time=start_ns
+        )
+        if result.failed:
+            errors = "; ".join(f"{server.url}: {server.error}" for server in result.failed)
+            span.set_status(Status(StatusCode.ERROR, errors))
+        span.end()
+
+
+def _check_same_weights(outcomes: list[ServerReload]) -> None:
+    """Servers whose weights differ from the majority's fail verification: never serve two versions."""
+    verified = [outcome for outcome in outcomes if outcome.ok and outcome.checksums is not None]
+    if len(verified) < 2:
+        return
+    digests = [tuple(sorted(outcome.checksums.items())) for outcome in verified]
+    majority = max(set(digests), key=digests.count)
+    for outcome, digest in zip(verified, digests, strict=True):
+        if digest != majority:
+            outcome.ok = False
+            outcome.error = "its weights differ from the other servers' after the reload"
+
+
+def _ms_since(start: float) -> float:
+    return round((time.perf_counter() - start) * 1000, 3)

@@ -1,0 +1,137 @@
+"""HTTP routes of the gateway: OpenAI-compatible calls, rollout keys, policy reloads, metrics."""
+
+from pathlib import Path
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, PlainTextResponse, Response
+from pydantic import BaseModel
+
+from otel_rl.attributes import ATTEMPT_ID, GROUP_ID, SPLIT, TASK_ID
+from otel_rl.auth import Forbidden, Unauthorized
+from otel_rl.gateway.proxy import CallError, Gateway, error_body
+from otel_rl.gateway.reload import ReloadRejected
+
+
+class RolloutKeyRequest(BaseModel):
+    """The rest of the rollout's identity: applied to every call made with its key."""
+
+    attempt_id: str | None = None
+    group_id: str | None = None
+    task_id: str | None = None
+    split: str | None = None
+
+
+class PolicyUpdate(BaseModel):
+    """New weights for every server: a full checkpoint folder or a LoRA adapter folder, and its version."""
+
+    version: int
+    checkpoint: str | None = None
+    lora_adapter: str | None = None
+
+
+def gateway_router(gateway: Gateway) -> APIRouter:
+    """The gateway's routes, to include in the `otel-rl serve` app."""
+    router = APIRouter()
+
+    async def relay(operation: str, request: Request) -> Response:
+        try:
+            principal = gateway.principal(request.headers)
+            return await gateway.call(operation, principal, request.headers, await request.body())
+        except CallError as error:
+            return error.response()
+        except (Unauthorized, Forbidden, ValueError) as error:
+            return _refusal(error)
+
+    @router.post("/v1/chat/completions")
+    async def chat_completions(request: Request) -> Response:
+        return await relay("chat", request)
+
+    @router.post("/v1/completions")
+    async def completions(request: Request) -> Response:
+        return await relay("text_completion", request)
+
+    @router.get("/v1/models")
+    async def models(request: Request) -> Response:
+        try:
+            gateway.principal(request.headers)
+            return await gateway.models()
+        except CallError as error:
+            return error.response()
+        except Unauthorized as error:
+            return _refusal(error)
+
+    @router.post("/v1/admin/rollouts/{rollout_id}/key")
+    async def issue_rollout_key(
+        rollout_id: str, request: Request, body: RolloutKeyRequest | None = None
+    ) -> Response:
+        try:
+            gateway.auth.require_admin(request.headers.get("authorization"))
+            given = body or RolloutKeyRequest()
+            identity = gateway.identities.register(
+                rollout_id,
+                {
+                    ATTEMPT_ID: given.attempt_id,
+                    GROUP_ID: given.group_id,
+                    TASK_ID: given.task_id,
+                    SPLIT: given.split,
+                },
+            )
+            key = gateway.auth.issue_rollout_key(rollout_id)
+        except (Unauthorized, Forbidden, ValueError) as error:
+            return _refusal(error)
+        return JSONResponse({"rollout_id": rollout_id, "key": key, "identity": identity})
+
+    @router.get("/v1/admin/policy")
+    async def current_policy(request: Request) -> Response:
+        try:
+            gateway.auth.require_admin(request.headers.get("authorization"))
+        except (Unauthorized, Forbidden) as error:
+            return _refusal(error)
+        policy = gateway.coordinator.policy
+        servers = [
+            {"url": s.url, "available": s.available, "healthy": s.healthy, "out_reason": s.out_reason}
+            for s in gateway.pool.servers
+        ]
+        last = gateway.coordinator.last_result
+        return JSONResponse(
+            {
+                "version": policy.version,
+                "checkpoint": policy.checkpoint,
+                "lora_adapter": policy.lora_adapter,
+                "servers": servers,
+                "last_reload": last.to_json() if last else None,
+            }
+        )
+
+    @router.post("/v1/admin/policy")
+    async def reload_policy(update: PolicyUpdate, request: Request) -> Response:
+        try:
+            gateway.auth.require_admin(request.headers.get("authorization"))
+            folder = update.checkpoint or update.lora_adapter
+            if folder is not None and not Path(folder).is_dir():
+                raise ValueError(f"no such folder on the gateway's machine: {folder}")
+            result = await gateway.reload(
+                version=update.version, checkpoint=update.checkpoint, lora_adapter=update.lora_adapter
+            )
+        except ReloadRejected as error:
+            return JSONResponse({"error": {"message": str(error), "type": "Conflict", "code": 409}}, 409)
+        except (Unauthorized, Forbidden, ValueError) as error:
+            return _refusal(error)
+        # Some servers taken out: still 200 (the new version is live), the failures are in the body.
+        return JSONResponse(result.to_json(), 200 if result.ok else 502)
+
+    @router.get("/metrics")
+    async def metrics() -> Response:
+        return PlainTextResponse(
+            gateway.metrics.render(gateway.coordinator, gateway.pool), media_type="text/plain; version=0.0.4"
+        )
+
+    return router
+
+
+def _refusal(error: Exception) -> Response:
+    status, error_type = {
+        Unauthorized: (401, "AuthenticationError"),
+        Forbidden: (403, "PermissionDeniedError"),
+    }.get(type(error), (400, "BadRequestError"))
+    return Response(error_body(status, str(error), error_type), status, media_type="application/json")

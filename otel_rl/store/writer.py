@@ -1,0 +1,131 @@
+"""The store's single writer: group commit of Arrow batches into DuckDB, durable before callers hear back."""
+
+import contextlib
+import logging
+import threading
+from collections.abc import Callable
+from concurrent.futures import Future
+from dataclasses import dataclass
+
+import duckdb
+import pyarrow as pa
+
+log = logging.getLogger(__name__)
+
+Batch = dict[str, pa.Table]  # raw table name -> rows for it
+
+
+class Saturated(RuntimeError):
+    """The write queue is full (HTTP 429, gRPC RESOURCE_EXHAUSTED): retry after `retry_after` seconds."""
+
+    def __init__(self, message: str, retry_after: float = 1.0) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after
+
+
+class StoreClosed(RuntimeError):
+    """The store is shutting down and takes no more writes (HTTP 503, gRPC UNAVAILABLE)."""
+
+
+@dataclass
+class _Pending:
+    batch: Batch
+    nbytes: int
+    done: Future
+
+
+class GroupCommitWriter:
+    """Takes every batch pending, inserts one Arrow table per raw table, commits once, then resolves all.
+
+    `insert(con, table_name, arrow_table)` does the insert (with its dedup); the writer owns transactions.
+    DuckDB writes and syncs its WAL on COMMIT, so a resolved future means the rows are on disk.
+    """
+
+    def __init__(
+        self,
+        con: duckdb.DuckDBPyConnection,
+        insert: Callable[[duckdb.DuckDBPyConnection, str, pa.Table], None],
+        *,
+        max_pending_bytes: int,
+    ) -> None:
+        self._con = con
+        self._insert = insert
+        self._max_pending_bytes = max_pending_bytes
+        self._pending: list[_Pending] = []
+        self._pending_bytes = 0
+        self._closing = False
+        self.commits = 0  # transactions committed so far (each holds one or more batches)
+        self._wake = threading.Condition()
+        self._thread = threading.Thread(target=self._run, name="otel-rl-store-writer", daemon=True)
+        self._thread.start()
+
+    def submit(self, batch: Batch) -> Future:
+        """Queue a batch; the future resolves (to None) once it is committed, or fails with the error."""
+        nbytes = sum(table.nbytes for table in batch.values())
+        done: Future = Future()
+        with self._wake:
+            if self._closing:
+                raise StoreClosed("the store is closing and accepts no more writes")
+            # One batch is always accepted into an empty queue, however large, so that it can make progress.
+            if self._pending and self._pending_bytes + nbytes > self._max_pending_bytes:
+                raise Saturated(
+                    f"ingest queue is full ({self._pending_bytes} bytes waiting to be written); retry shortly"
+                )
+            self._pending.append(_Pending(batch, nbytes, done))
+            self._pending_bytes += nbytes
+            self._wake.notify()
+        return done
+
+    def close(self) -> None:
+        """Write what is pending, then stop the writer thread."""
+        with self._wake:
+            self._closing = True
+            self._wake.notify()
+        self._thread.join()
+
+    def _run(self) -> None:
+        while True:
+            with self._wake:
+                while not self._pending and not self._closing:
+                    self._wake.wait()
+                group, self._pending = self._pending, []
+                self._pending_bytes = 0
+                if not group and self._closing:
+                    return
+            self._commit_group(group)
+
+    def _commit_group(self, group: list[_Pending]) -> None:
+        try:
+            self._write([item.batch for item in group])
+        except Exception as exc:
+            if len(group) == 1:
+                log.error("store write failed: %s", exc)
+                group[0].done.set_exception(exc)
+                return
+            # One bad batch must not fail its neighbours: write each on its own to find it.
+            for item in group:
+                self._commit_group([item])
+            return
+        for item in group:
+            item.done.set_result(None)
+
+    def _write(self, batches: list[Batch]) -> None:
+        tables: dict[str, list[pa.Table]] = {}
+        for batch in batches:
+            for name, table in batch.items():
+                if table.num_rows:
+                    tables.setdefault(name, []).append(table)
+        if not tables:
+            return
+        con = self._con
+        con.execute("BEGIN TRANSACTION")
+        try:
+            for name, parts in tables.items():
+                self._insert(con, name, pa.concat_tables(parts, promote_options="default"))
+            con.execute("COMMIT")
+            self.commits += 1
+        except Exception:
+            # A failed COMMIT has already ended the transaction; only roll back one that is still open.
+            with contextlib.suppress(duckdb.TransactionException):
+                con.execute("ROLLBACK")
+            raise

@@ -1,0 +1,176 @@
+"""Training configuration: the typed settings of `otel-rl train`, read from YAML and validated up front."""
+
+from pathlib import Path
+from typing import Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+
+class ConfigError(ValueError):
+    """A training configuration that cannot be used; the message names the field and the problem."""
+
+
+class _Section(BaseModel):
+    # Unknown keys are errors: a misspelled option must not silently fall back to its default.
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class ServerSettings(_Section):
+    """Where the otel-rl server (collector, store, gateway, reload coordinator) listens."""
+
+    url: str = "http://127.0.0.1:4318"
+    token: str | None = None  # None: read `.otel_rl/token`, as written by `otel-rl serve`
+    vllm_urls: list[str] = []  # vLLM servers behind the gateway, when otel-rl starts the server itself
+
+
+class OptimSettings(_Section):
+    """AdamW, its learning-rate schedule and gradient accumulation."""
+
+    lr: float = Field(1e-4, gt=0)
+    weight_decay: float = Field(0.0, ge=0)
+    warmup_steps: int = Field(0, ge=0)
+    schedule: Literal["constant", "cosine"] = "constant"  # cosine decays to 0 at `steps`
+    max_grad_norm: float = Field(1.0, gt=0)
+    micro_batch_size: int = Field(32, ge=1)  # samples per forward/backward; gradients accumulate to a step
+
+
+class AlgorithmSettings(_Section):
+    """The RL objective, named as in verl's `core_algos`."""
+
+    # verl's outcome estimators over each group's rewards: grpo, grpo_no_std (Dr. GRPO) or rloo
+    advantage_estimator: Literal["grpo", "grpo_no_std", "rloo"] = "grpo"
+    policy_loss: str = "vanilla"  # any name verl's get_policy_loss_fn accepts; vanilla = PPO clip
+    clip_ratio_low: float = Field(0.2, gt=0)
+    clip_ratio_high: float = Field(0.2, gt=0)
+    clip_ratio_c: float = Field(3.0, gt=1)  # dual-clip lower bound for negative advantages
+    loss_agg_mode: Literal[
+        "token-mean", "token-sum", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"
+    ] = "token-mean"
+    rollout_is: Literal["token", "sequence"] | None = "token"  # IS against the recorded vLLM logprobs
+    rollout_is_threshold: float = Field(2.0, gt=0)  # truncation of the IS weight (TIS)
+    kl_coef: float = Field(0.0, ge=0)  # KL to the initial policy; 0 loads no reference model
+    kl_penalty: str = "low_var_kl"  # estimator name for verl's kl_penalty
+    ppo_epochs: int = Field(1, ge=1)
+    group_size: int = Field(8, ge=1)  # n rollouts per task in a group
+    groups_per_step: int = Field(16, ge=1)  # B complete groups per update
+    max_staleness: int = Field(1, ge=0)  # samples from policy versions older than current - this are dropped
+
+
+class OnlineSettings(_Section):
+    """The harness the rollout controller runs, and how."""
+
+    tasks: Path | None = None  # JSONL, one task per line
+    harness: str | list[str] | None = None  # run once per rollout: argv, or a string for /bin/sh -c
+    env: dict[str, str] = {}  # extra environment for every harness process
+    concurrency: int = Field(16, ge=1)
+    timeout_s: float = Field(120.0, gt=0)  # per rollout; the whole process group is killed after it
+    max_attempts: int = Field(3, ge=1)  # infrastructure failures are retried as new attempts
+
+
+class EvalSettings(_Section):
+    """Held-out evaluation: the same harness on the val tasks."""
+
+    tasks: Path | None = None  # JSONL of val tasks; None disables evaluation
+    every: int = Field(0, ge=0)  # steps between evaluations; 0: only before the first and after the last
+    env: dict[str, str] = {}  # extra environment for eval runs (e.g. the harness's temperature)
+    harness: str | list[str] | None = None  # the eval command (e.g. greedy flags); None: online.harness
+
+
+class OfflineSettings(_Section):
+    """Training from rollouts already in the store."""
+
+    where: str | None = None  # SQL predicate over the `rollouts` view (offline RL)
+    min_reward: float | None = None  # SFT keeps rollouts whose outcome reward is at least this
+    sft_batch_size: int = Field(32, ge=1)  # conversations per SFT step
+
+
+class TrainConfig(_Section):
+    """Everything `otel-rl train` needs, online, offline or SFT."""
+
+    model: Path  # Hugging Face folder (safetensors + tokenizer) of the starting policy
+    output_dir: Path = Path(".otel_rl/train")  # checkpoints (step-N folders) and metrics
+    steps: int = Field(20, ge=1)  # optimizer steps
+    save_every: int = Field(1, ge=1)  # steps between checkpoints (online reloads need every step)
+    seed: int = 0
+    device: Literal["cpu", "cuda"] = "cpu"
+    torch_threads: int = Field(1, ge=1)
+    server: ServerSettings = ServerSettings()
+    optim: OptimSettings = OptimSettings()
+    algorithm: AlgorithmSettings = AlgorithmSettings()
+    online: OnlineSettings = OnlineSettings()
+    eval: EvalSettings = EvalSettings()
+    offline: OfflineSettings = OfflineSettings()
+
+    @model_validator(mode="after")
+    def _known_policy_loss(self) -> "TrainConfig":
+        from verl.trainer.ppo.core_algos import get_policy_loss_fn
+
+        try:
+            get_policy_loss_fn(self.algorithm.policy_loss)
+        except ValueError as e:
+            raise ValueError(f"algorithm.policy_loss: {e}") from None
+        return self
+
+    def require_online(self) -> None:
+        """Raise ConfigError unless the online loop has what it needs."""
+        if self.online.tasks is None or not self.online.harness:
+            raise ConfigError(
+                "online training needs `online.tasks` (a JSONL file) and `online.harness` (argv)"
+            )
+        _require_file(self.online.tasks, "online.tasks")
+        if self.eval.tasks is not None:
+            _require_file(self.eval.tasks, "eval.tasks")
+
+    def require_offline(self) -> None:
+        """Raise ConfigError unless offline RL has its rollout filter."""
+        if not self.offline.where:
+            raise ConfigError("offline RL needs a rollout filter: `--where` or `offline.where`")
+
+    def require_sft(self) -> None:
+        """Raise ConfigError unless SFT has its reward threshold."""
+        if self.offline.min_reward is None:
+            raise ConfigError("SFT needs a reward threshold: `--min-reward` or `offline.min_reward`")
+
+
+def _require_file(path: Path, field: str) -> None:
+    if not path.is_file():
+        raise ConfigError(f"{field}: no such file {path}")
+
+
+def load_config(path: Path, overrides: dict | None = None) -> TrainConfig:
+    """Read a YAML training config, apply `overrides` (nested dicts, e.g. from CLI flags), validate it."""
+    try:
+        data = yaml.safe_load(Path(path).read_text()) or {}
+    except FileNotFoundError:
+        raise ConfigError(f"no such config file: {path}") from None
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{path} is not valid YAML: {e}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: the top level must be a mapping of settings")
+    return config_from_dict(_merge(data, overrides or {}), source=str(path))
+
+
+def config_from_dict(data: dict, source: str = "config") -> TrainConfig:
+    """Validate a config mapping; errors name every offending field."""
+    try:
+        return TrainConfig.model_validate(data)
+    except ValidationError as e:
+        problems = "; ".join(_describe(err) for err in e.errors())
+        raise ConfigError(f"{source}: {problems}") from None
+
+
+def _describe(error: dict) -> str:
+    where = ".".join(map(str, error["loc"]))
+    message = error["msg"].removeprefix("Value error, ")
+    return f"{where}: {message}" if where else message
+
+
+def _merge(base: dict, overrides: dict) -> dict:
+    merged = dict(base)
+    for key, value in overrides.items():
+        if isinstance(value, dict) and isinstance(merged.get(key), dict):
+            merged[key] = _merge(merged[key], value)
+        else:
+            merged[key] = value
+    return merged

@@ -1,0 +1,161 @@
+"""`otel-rl export samples|sft`: training data from stored traces, with a report of what was kept and why."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from otel_rl.transforms.advantages import ESTIMATORS
+from otel_rl.transforms.rewards import DEFAULT_TRUSTED_SOURCES
+
+export_app = typer.Typer(help="Export training data from stored traces.", no_args_is_help=True)
+
+Where = Annotated[str, typer.Option(help="SQL predicate over the `rollouts` view, e.g. \"split = 'train'\"")]
+Db = Annotated[
+    Path | None, typer.Option(help="DuckDB file [env OTEL_RL_DB; default .otel_rl/otel_rl.duckdb]")
+]
+Server = Annotated[str | None, typer.Option(help="Read through this otel-rl server [env OTEL_RL_SERVER]")]
+Token = Annotated[str | None, typer.Option(help="Server token [env OTEL_RL_TOKEN; else .otel_rl/token]")]
+Tokenizer = Annotated[
+    Path | None,
+    typer.Option(help="Tokenizer folder (with chat template) for calls recorded without token ids"),
+]
+RewardName = Annotated[str, typer.Option(help="gen_ai.evaluation.name of the outcome reward")]
+RewardRule = Annotated[
+    str, typer.Option(help="How several rewards of a rollout combine: last | mean | max | sum")
+]
+Trusted = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--trusted-source", help=f"otel_rl.reward.source values to trust [default {DEFAULT_TRUSTED_SOURCES}]"
+    ),
+]
+MissingReward = Annotated[
+    float | None, typer.Option(help="Reward of a rollout that has none [default: drop the rollout]")
+]
+SkipErrorCalls = Annotated[
+    bool,
+    typer.Option(
+        help="Keep rollouts with failed model calls (leaving those calls out) instead of excluding them"
+    ),
+]
+
+
+def _reward(name: str, rule: str, trusted_sources: list[str] | None, missing: float | None) -> Any:
+    from otel_rl.transforms.rewards import RewardSpec
+
+    try:
+        return RewardSpec(name, rule, tuple(trusted_sources or DEFAULT_TRUSTED_SOURCES), missing)  # type: ignore[arg-type]
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--reward-rule") from None
+
+
+def _build(
+    where: str, db: Path | None, server: str | None, token: str | None, tokenizer: Path | None, options: Any
+):
+    """Read, build and report; errors become a one-line message and exit code 1."""
+    from rich.console import Console
+
+    from otel_rl.query import QueryError, query
+    from otel_rl.transforms.samples import build_samples, load_inputs, report_table
+
+    console = Console(stderr=True)
+    try:
+        with console.status("reading rollouts, calls and rewards"):
+            calls, rollouts, rewards = load_inputs(
+                where, lambda sql: query(sql, db=db, server=server, token=token)
+            )
+        loaded = None
+        if tokenizer is not None:
+            from transformers import AutoTokenizer
+
+            with console.status(f"loading the tokenizer from {tokenizer}"):
+                loaded = AutoTokenizer.from_pretrained(str(tokenizer))
+        with console.status(f"building samples from {rollouts.height} rollouts, {calls.height} calls"):
+            samples, report = build_samples(calls, rollouts, rewards, tokenizer=loaded, options=options)
+    except (QueryError, ValueError, OSError) as exc:
+        console.print(f"[red]error:[/] {exc}")
+        raise typer.Exit(1) from None
+    console.print(report_table(report))
+    return samples, calls, report
+
+
+@export_app.command("samples")
+def samples_command(
+    output: Annotated[Path, typer.Option("-o", "--output", help="Parquet file to write")],
+    where: Where = "true",
+    tokenizer: Tokenizer = None,
+    db: Db = None,
+    server: Server = None,
+    token: Token = None,
+    reward_name: RewardName = "outcome",
+    reward_rule: RewardRule = "last",
+    trusted_source: Trusted = None,
+    missing_reward: MissingReward = None,
+    estimator: Annotated[str, typer.Option(help=f"Advantage estimator: {' | '.join(ESTIMATORS)}")] = "grpo",
+    max_prompt_length: Annotated[int | None, typer.Option(help="Drop segments with longer prompts")] = None,
+    max_response_length: Annotated[int | None, typer.Option(help="Truncate longer responses")] = None,
+    policy_version: Annotated[
+        int | None, typer.Option(help="Current policy version (for --max-staleness)")
+    ] = None,
+    max_staleness: Annotated[
+        int | None, typer.Option(help="Drop segments older than this many versions")
+    ] = None,
+    skip_error_calls: SkipErrorCalls = False,
+    drift_sample: Annotated[int, typer.Option(help="Exact-id calls to retokenize to measure drift")] = 64,
+) -> None:
+    """Token-aligned RL samples (ids, masks, logprobs, rewards, advantages) as Parquet (docs/samples.md)."""
+    from otel_rl.transforms.export import write_parquet
+    from otel_rl.transforms.limits import Limits
+    from otel_rl.transforms.samples import SampleOptions
+
+    if estimator not in ESTIMATORS:
+        raise typer.BadParameter(f"use one of {', '.join(ESTIMATORS)}", param_hint="--estimator")
+    options = SampleOptions(
+        reward=_reward(reward_name, reward_rule, trusted_source, missing_reward),
+        limits=Limits(max_prompt_length, max_response_length),
+        estimator=estimator,  # type: ignore[arg-type]
+        current_policy_version=policy_version,
+        max_staleness=max_staleness,
+        skip_error_calls=skip_error_calls,
+        drift_sample=drift_sample,
+    )
+    samples, _, _ = _build(where, db, server, token, tokenizer, options)
+    typer.echo(f"wrote {samples.height} samples to {write_parquet(samples, output)}")
+
+
+@export_app.command("sft")
+def sft_command(
+    output: Annotated[Path, typer.Option("-o", "--output", help="JSONL file to write")],
+    where: Where = "true",
+    min_reward: Annotated[
+        float | None, typer.Option(help="Keep rollouts whose reward is at least this")
+    ] = None,
+    tokenizer: Tokenizer = None,
+    db: Db = None,
+    server: Server = None,
+    token: Token = None,
+    reward_name: RewardName = "outcome",
+    reward_rule: RewardRule = "last",
+    trusted_source: Trusted = None,
+    missing_reward: MissingReward = None,
+    skip_error_calls: SkipErrorCalls = False,
+) -> None:
+    """OpenAI chat fine-tuning JSONL (messages + tools), one line per trajectory segment of a kept rollout."""
+    from otel_rl.transforms.export import sft_records, write_jsonl
+    from otel_rl.transforms.samples import SampleOptions
+
+    options = SampleOptions(
+        reward=_reward(reward_name, reward_rule, trusted_source, missing_reward),
+        skip_error_calls=skip_error_calls,
+        drift_sample=0,
+    )
+    samples, calls, _ = _build(where, db, server, token, tokenizer, options)
+    try:
+        records = sft_records(samples, calls, min_reward)
+    except ValueError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(1) from None
+    typer.echo(f"wrote {len(records)} conversations to {write_jsonl(records, output)}")

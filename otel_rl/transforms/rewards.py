@@ -1,0 +1,93 @@
+"""Outcome rewards per rollout and turn rewards per call from `gen_ai.evaluation.result`, trusted only."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+import polars as pl
+
+AggregationRule = Literal["last", "mean", "max", "sum"]
+
+# Only graders are trusted by default: rewards posted to the server's /v1/rewards endpoint (source "grader"
+# unless the poster says otherwise) or emitted by a grader with that source. A reward emitted from inside the
+# agent's own process (the SDK's default source, "harness") is not trusted unless configured: the policy can
+# steer that process.
+DEFAULT_TRUSTED_SOURCES = ("grader",)
+
+# Statuses that say the infrastructure failed, not the policy: such rollouts are excluded, never scored 0.
+INFRA_FAILURE_STATUSES = ("timeout", "crashed", "infra_error")
+
+
+@dataclass(frozen=True)
+class RewardSpec:
+    """Which evaluation events count as the reward, and how several of them combine."""
+
+    name: str = "outcome"
+    rule: AggregationRule = "last"
+    trusted_sources: tuple[str, ...] = DEFAULT_TRUSTED_SOURCES
+    missing: float | None = None  # the reward of a rollout that has none; None drops the rollout
+
+    def __post_init__(self) -> None:
+        if self.rule not in ("last", "mean", "max", "sum"):
+            raise ValueError(f"unknown reward aggregation rule {self.rule!r}: use last, mean, max or sum")
+
+
+def _aggregate(rule: AggregationRule) -> pl.Expr:
+    value = pl.col("value")
+    return {
+        "last": value.sort_by("time").last(),
+        "mean": value.mean(),
+        "max": value.max(),
+        "sum": value.sum(),
+    }[rule]
+
+
+def trusted(rewards: pl.DataFrame, spec: RewardSpec) -> pl.DataFrame:
+    """The evaluation events named `spec.name` from trusted sources, with a numeric value."""
+    return rewards.filter(
+        (pl.col("name") == spec.name)
+        & pl.col("source").is_in(spec.trusted_sources)
+        & pl.col("value").is_not_null()
+        & pl.col("value").is_not_nan()
+    )
+
+
+def outcome_rewards(rewards: pl.DataFrame, spec: RewardSpec) -> pl.DataFrame:
+    """One row per rollout with trusted outcome rewards: `rollout_id`, `reward` (aggregated by the rule)."""
+    return (
+        trusted(rewards, spec)
+        .filter(pl.col("level") == "outcome")
+        .group_by("rollout_id")
+        .agg(_aggregate(spec.rule).cast(pl.Float64).alias("reward"))
+    )
+
+
+def turn_rewards(rewards: pl.DataFrame, spec: RewardSpec) -> pl.DataFrame:
+    """One row per rewarded call: `span_id` (the LLM call span), `turn_reward` (aggregated by the rule)."""
+    return (
+        trusted(rewards, spec)
+        .filter(pl.col("level") == "turn")
+        .group_by("span_id")
+        .agg(_aggregate(spec.rule).cast(pl.Float64).alias("turn_reward"))
+    )
+
+
+def attach_turn_rewards(segments: pl.DataFrame, turns: pl.DataFrame) -> pl.DataFrame:
+    """Add `turn_rewards`: a list of {position, value}, position being the index in `response_ids` of the
+    rewarded call's last sampled token. Empty when the segment has none."""
+    per_call = (
+        segments.select("segment_id", "span_ids", "turn_ends")
+        .explode("span_ids", "turn_ends")
+        .join(turns, left_on="span_ids", right_on="span_id", how="inner")
+        .group_by("segment_id")
+        .agg(
+            pl.struct(position=(pl.col("turn_ends") - 1).cast(pl.Int32), value=pl.col("turn_reward")).alias(
+                "turn_rewards"
+            )
+        )
+    )
+    empty = pl.lit([], dtype=pl.List(pl.Struct({"position": pl.Int32, "value": pl.Float64})))
+    return segments.join(per_call, on="segment_id", how="left").with_columns(
+        pl.col("turn_rewards").fill_null(empty)
+    )

@@ -1,0 +1,265 @@
+"""The samples pipeline: rollouts, their calls and rewards -> token-aligned training samples + a report."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import polars as pl
+
+from otel_rl.transforms.advantages import Estimator, drop_stale, loss_weights, rollout_advantages
+from otel_rl.transforms.limits import Limits, apply_limits
+from otel_rl.transforms.merge import merge_segments
+from otel_rl.transforms.rewards import (
+    INFRA_FAILURE_STATUSES,
+    RewardSpec,
+    attach_turn_rewards,
+    outcome_rewards,
+    turn_rewards,
+)
+from otel_rl.transforms.tokens import Drift, call_tokens, measure_drift
+
+# The sample schema (docs/samples.md), in column order.
+SAMPLE_COLUMNS = (
+    "segment_id",
+    "rollout_id",
+    "attempt_id",
+    "group_id",
+    "task_id",
+    "prompt_ids",
+    "response_ids",
+    "response_mask",
+    "rollout_logprobs",
+    "has_logprobs",
+    "reward",
+    "advantage",
+    "loss_weight",
+    "turn_rewards",
+    "policy_version_min",
+    "policy_version_max",
+    "token_source",
+    "n_calls",
+    "truncated",
+    "span_ids",
+    "choice_indices",
+)
+ROLLOUT_COLUMNS = ("rollout_id", "attempt_id", "group_id", "task_id", "status")
+CALL_COLUMNS = (
+    "rollout_id",
+    "span_id",
+    "start_time_unix_nano",
+    "is_error",
+    "finish_reasons",
+    "input_messages",
+    "output_messages",
+    "tool_definitions",
+    "prompt_token_ids",
+    "completion_token_ids",
+    "completion_logprobs",
+    "policy_version",
+)
+SHOWN_GROUPS = 20
+REWARD_COLUMNS = ("rollout_id", "span_id", "level", "name", "value", "source", "time")
+
+
+@dataclass(frozen=True)
+class SampleOptions:
+    """Everything that decides which samples come out (every default is documented in docs/samples.md)."""
+
+    reward: RewardSpec = RewardSpec()
+    limits: Limits = Limits()
+    estimator: Estimator = "grpo"
+    current_policy_version: int | None = None
+    max_staleness: int | None = None
+    # By default a rollout with a failed model call is an infrastructure failure and is excluded; with
+    # skip_error_calls the rollout is kept and only the failed calls are left out.
+    skip_error_calls: bool = False
+    drift_sample: int = 64  # exact calls retokenized to measure drift (when a tokenizer is given)
+
+
+@dataclass
+class Report:
+    """What an export read, kept, dropped and cut, and why."""
+
+    rollouts: int = 0
+    rollouts_used: int = 0
+    calls: int = 0
+    calls_used: int = 0
+    segments: int = 0
+    prompt_tokens: int = 0
+    response_tokens: int = 0
+    sampled_tokens: int = 0
+    dropped_rollouts: dict[str, int] = field(default_factory=dict)
+    dropped_calls: dict[str, int] = field(default_factory=dict)
+    dropped_segments: dict[str, int] = field(default_factory=dict)
+    cut: dict[str, int] = field(default_factory=dict)
+    token_sources: dict[str, int] = field(default_factory=dict)  # calls by source
+    drift: Drift | None = None
+    reward_by_group: dict[str, dict[str, float]] = field(default_factory=dict)  # group -> rollouts, mean
+
+    def to_dict(self) -> dict[str, Any]:
+        out = asdict(self)
+        if self.drift is not None:
+            out["drift"]["share"] = self.drift.share
+        return out
+
+
+def _count(frame: pl.DataFrame, column: str) -> dict[str, int]:
+    return dict(frame.group_by(column).len().sort(column).iter_rows())
+
+
+def exclude_rollouts(
+    rollouts: pl.DataFrame, calls: pl.DataFrame, rewards: pl.DataFrame, options: SampleOptions
+) -> tuple[pl.DataFrame, dict[str, int]]:
+    """Rollouts that can be scored, with their `reward`; the others counted by reason.
+
+    Infrastructure failures (status timeout / crashed / infra_error, or a failed model call unless
+    `skip_error_calls`) and unfinished rollouts are excluded, never scored 0. Then a rollout needs a trusted
+    reward, unless `reward.missing` gives a fill value.
+    """
+    failed_calls = calls.filter(pl.col("is_error").fill_null(False)).select("rollout_id").unique()
+    reason = (
+        pl.when(pl.col("status").is_in(INFRA_FAILURE_STATUSES))
+        .then(pl.format("status_{}", "status"))
+        .when(pl.col("status") == "running")
+        .then(pl.lit("still_running"))
+    )
+    if not options.skip_error_calls:
+        reason = reason.when(pl.col("rollout_id").is_in(failed_calls["rollout_id"].implode())).then(
+            pl.lit("model_call_failed")
+        )
+    scored = rollouts.join(outcome_rewards(rewards, options.reward), on="rollout_id", how="left")
+    if options.reward.missing is None:
+        reason = reason.when(pl.col("reward").is_null()).then(pl.lit("missing_reward"))
+    else:
+        scored = scored.with_columns(pl.col("reward").fill_null(options.reward.missing))
+    scored = scored.with_columns(_drop=reason)
+    return scored.filter(pl.col("_drop").is_null()).drop("_drop"), _count(scored.drop_nulls("_drop"), "_drop")
+
+
+def build_samples(
+    calls: pl.DataFrame,
+    rollouts: pl.DataFrame,
+    rewards: pl.DataFrame,
+    *,
+    tokenizer: Any | None = None,
+    options: SampleOptions = SampleOptions(),
+) -> tuple[pl.DataFrame, Report]:
+    """Selected rollouts (rows of the `rollouts` view), their `llm_calls` rows and `rewards` rows -> samples.
+
+    `calls` must be grouped by rollout, in time order within one (ORDER BY rollout_id, start_time_unix_nano).
+    The tokenizer (a transformers tokenizer with a chat template) is needed only for calls without exact ids.
+    """
+    report = Report(rollouts=rollouts.height)
+    calls = calls.filter(pl.col("rollout_id").is_in(rollouts["rollout_id"].implode()))
+    report.calls = calls.height
+    scored, report.dropped_rollouts = exclude_rollouts(rollouts, calls, rewards, options)
+    calls = calls.filter(pl.col("rollout_id").is_in(scored["rollout_id"].implode()))
+    failed = pl.col("is_error").fill_null(False)
+    dropped_calls = {"model_call_failed": calls.filter(failed).height}
+    calls = call_tokens(calls.filter(~failed), tokenizer)
+    sources = calls["token_source"].fill_null("none")
+    report.token_sources = dict(sources.value_counts().sort("token_source").iter_rows())
+    dropped_calls["no_token_ids"] = report.token_sources.get("none", 0)
+    if tokenizer is not None and options.drift_sample > 0:
+        report.drift = measure_drift(calls, tokenizer, options.drift_sample)
+
+    segments, merge_counts = merge_segments(calls.filter(pl.col("token_source").is_not_null()))
+    dropped_calls["duplicate_call"] = merge_counts.duplicate_calls
+    dropped_calls["aborted_choice"] = merge_counts.aborted_choices
+    report.dropped_calls = {k: v for k, v in dropped_calls.items() if v}
+
+    scored = rollout_advantages(scored, options.estimator)
+    report.reward_by_group = {
+        group: {"rollouts": n, "mean_reward": mean}
+        for group, n, mean in scored.group_by(pl.col("group_id").fill_null("(none)"))
+        .agg(pl.len(), pl.col("reward").mean())
+        .sort("group_id")
+        .iter_rows()
+    }
+    segments = attach_turn_rewards(
+        segments.join(scored.select(ROLLOUT_COLUMNS[:4] + ("reward", "advantage")), on="rollout_id"),
+        turn_rewards(rewards, options.reward),
+    )
+    fresh = drop_stale(segments, options.current_policy_version, options.max_staleness)
+    dropped_segments = {"stale": segments.height - fresh.height}
+    segments, limit_counts = apply_limits(fresh, options.limits)
+    dropped_segments |= {
+        k: v for k, v in limit_counts.items() if k in ("prompt_too_long", "no_sampled_tokens")
+    }
+    report.dropped_segments = {k: v for k, v in dropped_segments.items() if v}
+    report.cut = {k: v for k, v in limit_counts.items() if k.startswith("response_")}
+    samples = loss_weights(segments).select(SAMPLE_COLUMNS)
+
+    used_rollouts = samples["rollout_id"].unique()
+    report.dropped_rollouts["no_samples"] = scored.height - used_rollouts.len()
+    report.dropped_rollouts = {k: v for k, v in report.dropped_rollouts.items() if v}
+    report.rollouts_used = used_rollouts.len()
+    report.calls_used = samples["span_ids"].explode().drop_nulls().n_unique()
+    report.segments = samples.height
+    tokens = samples.select(
+        pl.col("prompt_ids").list.len().sum(),
+        pl.col("response_ids").list.len().sum(),
+        pl.col("response_mask").list.sum().sum(),
+    ).row(0)
+    report.prompt_tokens, report.response_tokens, report.sampled_tokens = (int(t or 0) for t in tokens)
+    return samples, report
+
+
+def load_inputs(
+    where: str, run_query: Callable[[str], pl.DataFrame]
+) -> tuple[pl.DataFrame, pl.DataFrame, pl.DataFrame]:
+    """The rollouts matching `where` (a SQL predicate over the `rollouts` view), their calls and rewards.
+
+    `run_query` runs one read-only SQL statement (`otel_rl.query`, or a store's `query_arrow`). Only the
+    columns the pipeline reads are selected, so the views compute nothing else; token lists stay Arrow lists.
+    """
+    selected = f"SELECT rollout_id FROM rollouts WHERE ({where})"
+    rollouts = run_query(f"SELECT {', '.join(ROLLOUT_COLUMNS)} FROM rollouts WHERE ({where})")
+    calls = run_query(
+        f"SELECT {', '.join(CALL_COLUMNS)} FROM llm_calls WHERE rollout_id IN ({selected})"
+        " ORDER BY rollout_id, start_time_unix_nano, span_id"
+    )
+    rewards = run_query(f"SELECT {', '.join(REWARD_COLUMNS)} FROM rewards WHERE rollout_id IN ({selected})")
+    return calls, rollouts, rewards
+
+
+def report_table(report: Report) -> Any:
+    """The report as a rich renderable."""
+    from rich.table import Table
+
+    table = Table(title="samples", show_header=False, title_justify="left")
+    table.add_column(style="bold")
+    table.add_column()
+    table.add_row("rollouts", f"{report.rollouts_used} used of {report.rollouts}")
+    table.add_row("calls", f"{report.calls_used} used of {report.calls}")
+    table.add_row("segments", str(report.segments))
+    table.add_row(
+        "tokens",
+        f"{report.prompt_tokens} prompt, {report.response_tokens} response ({report.sampled_tokens} sampled)",
+    )
+    for unit, counts in (
+        ("rollouts", report.dropped_rollouts),
+        ("calls", report.dropped_calls),
+        ("segments", report.dropped_segments),
+    ):
+        if counts:
+            table.add_row(f"dropped {unit}", ", ".join(f"{reason}: {n}" for reason, n in counts.items()))
+    if report.cut:
+        table.add_row("cut", ", ".join(f"{reason}: {n}" for reason, n in report.cut.items()))
+    table.add_row("token sources", ", ".join(f"{s}: {n}" for s, n in report.token_sources.items()) or "-")
+    if report.drift is not None:
+        drift = report.drift
+        where = f", first difference at {sorted(drift.first_diff_positions)[:5]}" if drift.differing else ""
+        table.add_row(
+            "drift", f"{drift.differing} of {drift.compared} calls differ ({drift.share:.0%}){where}"
+        )
+    groups = list(report.reward_by_group.items())
+    for group, stats in groups[:SHOWN_GROUPS]:
+        table.add_row(
+            f"group {group}", f"{stats['rollouts']} rollouts, mean reward {stats['mean_reward']:.3f}"
+        )
+    if len(groups) > SHOWN_GROUPS:
+        table.add_row("", f"... {len(groups) - SHOWN_GROUPS} more groups (Report.reward_by_group)")
+    return table

@@ -1,0 +1,159 @@
+"""OTLP requests -> raw-table Arrow rows: schema.sql types, attribute JSON, packed token arrays."""
+
+import json
+from datetime import UTC, datetime
+from importlib import resources
+
+import duckdb
+import numpy as np
+import pyarrow as pa
+import pytest
+from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
+from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsServiceRequest
+from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceRequest
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from otel_fixtures import captured_requests, requires_fixtures
+
+from otel_rl.collector.flatten import logs_to_tables, metrics_to_tables, traces_to_tables
+
+NOW = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
+
+
+@pytest.fixture
+def db() -> duckdb.DuckDBPyConnection:
+    con = duckdb.connect()
+    con.execute(resources.files("otel_rl.store").joinpath("schema.sql").read_text())
+    return con
+
+
+def insert(con: duckdb.DuckDBPyConnection, tables: dict[str, pa.Table]) -> None:
+    """Insert by position: a column in the wrong place or of the wrong type fails here."""
+    for name, table in tables.items():
+        con.register("incoming", table)
+        con.execute(f"INSERT INTO {name} SELECT * FROM incoming")
+        con.unregister("incoming")
+
+
+def sdk_request(*spans: tuple[str, dict]) -> object:
+    """An ExportTraceServiceRequest encoded by the OTel SDK from real spans (name, attributes)."""
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    tracer = provider.get_tracer("otel_rl.gateway")
+    for name, attributes in spans:
+        tracer.start_span(name, attributes=attributes).end()
+    return encode_spans(exporter.get_finished_spans())
+
+
+def test_tables_have_the_columns_and_types_of_schema_sql(db) -> None:
+    tables = traces_to_tables(sdk_request(("chat m", {"gen_ai.operation.name": "chat"})), NOW)
+    tables |= logs_to_tables(ExportLogsServiceRequest(), NOW, 0)
+    tables |= metrics_to_tables(ExportMetricsServiceRequest(), NOW)
+    for name, table in tables.items():
+        expected = db.sql(f"SELECT * FROM {name} LIMIT 0").to_arrow_table().schema
+        assert table.schema.names == expected.names, name
+        for field in table.schema:
+            want = expected.field(field.name).type
+            if pa.types.is_timestamp(want):  # DuckDB names UTC "Etc/UTC"
+                assert field.type.unit == want.unit and field.type.tz in ("UTC", "Etc/UTC"), field.name
+            else:  # JSON columns travel as strings, as DuckDB exports them
+                assert field.type == want, (name, field.name)
+
+
+def test_packed_token_arrays_round_trip_exactly_into_call_tokens(db) -> None:
+    rng = np.random.default_rng(7)
+    prompt = rng.integers(-(2**31), 2**31 - 1, 1000, dtype="<i4")
+    choices = [rng.integers(0, 200_000, n, dtype="<i4") for n in (5, 0, 300)]
+    logprobs = [-rng.random(len(ids), dtype="<f4") for ids in choices]
+    logprobs[2][7] = -np.inf  # vLLM reports -inf for tokens it could not have sampled
+    attributes = {"otel_rl.prompt_token_ids": prompt.tobytes(), "gen_ai.operation.name": "chat"}
+    for i, (ids, lps) in enumerate(zip(choices, logprobs, strict=True)):
+        attributes[f"otel_rl.choices.{i}.token_ids"] = ids.tobytes()
+        attributes[f"otel_rl.choices.{i}.logprobs"] = lps.tobytes()
+    tables = traces_to_tables(sdk_request(("chat m", attributes), ("other", {"a": 1})), NOW)
+    insert(db, tables)
+
+    (row,) = db.execute(
+        "SELECT prompt_token_ids, choice_token_ids, choice_logprobs FROM call_tokens"
+    ).fetchall()
+    assert row[0] == prompt.tolist()
+    assert row[1] == [ids.tolist() for ids in choices]
+    assert [np.array(lps, dtype="<f4").tobytes() for lps in row[2]] == [lps.tobytes() for lps in logprobs]
+    (span_attributes,) = db.execute("SELECT attributes FROM spans WHERE name = 'chat m'").fetchone()
+    assert json.loads(span_attributes) == {"gen_ai.operation.name": "chat"}  # packed arrays moved out
+
+
+def test_an_unrecorded_choice_or_prompt_or_logprobs_is_null(db) -> None:
+    ids = np.arange(4, dtype="<i4")
+    request = sdk_request(("chat m", {"otel_rl.choices.1.token_ids": ids.tobytes()}))
+    insert(db, traces_to_tables(request, NOW))
+    row = db.execute("SELECT prompt_token_ids, choice_token_ids, choice_logprobs FROM call_tokens").fetchone()
+    assert row == (None, [None, [0, 1, 2, 3]], None)
+
+
+def test_a_packed_array_that_is_not_whole_int32_values_is_refused_by_name() -> None:
+    request = sdk_request(("chat m", {"otel_rl.prompt_token_ids": b"\x01\x02\x03"}))
+    with pytest.raises(ValueError, match=r"'otel_rl.prompt_token_ids' has 3 bytes"):
+        traces_to_tables(request, NOW)
+
+
+def test_attribute_values_map_to_json_and_ids_to_lowercase_hex(db) -> None:
+    attributes = {
+        "s": 'é "quoted"',
+        "i": 2**62,
+        "f": 0.25,
+        "b": True,
+        "raw": b"\x00\xff",
+        "list": ["a", "b"],
+        "otel_rl.other_bytes": b"\x01",  # an otel_rl.* bytes value that is no token array stays an attribute
+    }
+    request = sdk_request(("root", attributes))
+    request.resource_spans[0].scope_spans[0].spans[0].events.add(name="e", time_unix_nano=5)
+    insert(db, traces_to_tables(request, NOW))
+    row = db.execute(
+        "SELECT trace_id, span_id, parent_span_id, attributes, events, links, received_at FROM spans"
+    ).fetchone()
+    span = request.resource_spans[0].scope_spans[0].spans[0]
+    assert row[:3] == (span.trace_id.hex(), span.span_id.hex(), None)
+    assert json.loads(row[3]) == attributes | {"raw": "AP8=", "otel_rl.other_bytes": "AQ=="}
+    assert json.loads(row[4]) == [
+        {"time_unix_nano": 5, "name": "e", "attributes": {}, "dropped_attributes_count": 0}
+    ]
+    assert json.loads(row[5]) == []
+    assert row[6] == NOW
+
+
+@requires_fixtures
+def test_every_captured_request_flattens_into_the_schema(db) -> None:
+    seq = 0
+    for captured in captured_requests():
+        if captured.signal == "traces":
+            tables = traces_to_tables(captured.decoded, NOW)
+        elif captured.signal == "logs":
+            tables = logs_to_tables(captured.decoded, NOW, seq)
+            seq += tables["logs"].num_rows
+        else:
+            tables = metrics_to_tables(captured.decoded, NOW)
+        assert (
+            sum(t.num_rows for name, t in tables.items() if name != "call_tokens") == captured.record_count()
+        )
+        insert(db, tables)
+    # content keys are unique and log records keep their request order
+    assert db.execute("SELECT count(DISTINCT content_key) = count(*) FROM logs").fetchone() == (True,)
+    assert db.execute("SELECT list(seq ORDER BY seq) = range(0, count(*)) FROM logs").fetchone() == (True,)
+    points = dict(db.execute("SELECT type, count(*) FROM metric_points GROUP BY type").fetchall())
+    assert set(points) == {"histogram", "sum"}
+
+
+def test_the_same_log_record_gets_the_same_content_key_and_a_different_one_another() -> None:
+    request = ExportLogsServiceRequest()
+    scope_logs = request.resource_logs.add().scope_logs.add()
+    scope_logs.log_records.add(event_name="a", observed_time_unix_nano=1)
+    scope_logs.log_records.add(event_name="a", observed_time_unix_nano=2)
+    first = logs_to_tables(request, NOW, 10)["logs"]
+    again = logs_to_tables(request, NOW, 20)["logs"]
+    assert first.column("content_key").to_pylist() == again.column("content_key").to_pylist()
+    assert len(set(first.column("content_key").to_pylist())) == 2
+    assert first.column("seq").to_pylist() == [10, 11]

@@ -1,0 +1,184 @@
+"""The online loop: tasks → groups → samples → update → reload, on the tiny model behind the real gateway."""
+
+import json
+import sys
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import polars as pl
+import pytest
+from otel_rl_server import ServerProcess
+
+from otel_rl import attributes as attr
+from otel_rl.train.config import ConfigError, TrainConfig, config_from_dict
+from otel_rl.train.online import (
+    ServerClient,
+    final_attempts_only,
+    oldest_versions,
+    read_tasks,
+    reusable_groups,
+    run_online,
+    sql_list,
+    task_for_group,
+)
+
+
+def test_tasks_come_once_per_epoch_in_a_seeded_order(tmp_path):
+    path = tmp_path / "tasks.jsonl"
+    path.write_text("".join(json.dumps({"id": f"t{i}", "q": i}) + "\n" for i in range(5)))
+    tasks = read_tasks(path)
+    first_epoch = [task_for_group(tasks, i, seed=1).task_id for i in range(5)]
+    second_epoch = [task_for_group(tasks, i, seed=1).task_id for i in range(5, 10)]
+    assert sorted(first_epoch) == sorted(second_epoch) == [f"t{i}" for i in range(5)]
+    assert first_epoch != second_epoch  # reshuffled each epoch (fixed by the seed)
+    assert first_epoch == [task_for_group(tasks, i, seed=1).task_id for i in range(5)]
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("", "no tasks"),
+        ('{"id": 1}\nnot json\n', ":2: not JSON"),
+        ('{"q": 1}\n', ':1: a task is a JSON object with an "id"'),
+    ],
+)
+def test_a_bad_tasks_file_names_the_line(tmp_path, text, message):
+    path = tmp_path / "tasks.jsonl"
+    path.write_text(text)
+    with pytest.raises(ConfigError, match=message):
+        read_tasks(path)
+
+
+def test_a_restart_reuses_only_complete_fresh_unused_groups():
+    t0 = datetime(2026, 1, 1, tzinfo=UTC)
+    rows = pl.DataFrame(
+        [
+            {
+                "group_id": g,
+                "status": status,
+                "policy_version_min": version,
+                "ended_at": t0 + timedelta(seconds=end),
+            }
+            for g, status, version, end in [
+                ("done", "ok", 4, 2),
+                ("done", "crashed", 4, 3),  # a final infrastructure failure: finished, samples leave it out
+                ("short", "ok", 4, 1),  # the loop died before its second rollout started
+                ("running", "ok", 4, 1),
+                ("running", "running", 4, 1),
+                ("stale", "ok", 2, 1),
+                ("stale", "ok", 3, 1),
+                ("used", "ok", 4, 1),
+                ("used", "ok", 4, 1),
+                ("no_calls", "error", None, 0),
+                ("no_calls", "error", None, 0),
+            ]
+        ]
+    )
+    assert reusable_groups(rows, consumed={"used"}, group_size=2, oldest_version=3) == ["no_calls", "done"]
+
+
+def test_only_the_final_attempts_calls_and_rewards_are_trained_on():
+    t = datetime(2026, 1, 1, tzinfo=UTC)
+    ns = int(t.timestamp() * 1e9)
+    attempts = pl.DataFrame({"rollout_id": ["r"], "final_attempt": ["a2"], "attempt_start_ns": [ns + 10]})
+    calls = pl.DataFrame(
+        {
+            "rollout_id": ["r"] * 4,
+            "attempt_id": ["a1", None, "a2", None],
+            "start_time_unix_nano": [ns + 1, ns + 2, ns + 11, ns + 12],
+            "span_id": ["old", "old_unknown", "new", "new_unknown"],
+        }
+    )
+    rewards = pl.DataFrame(
+        {"rollout_id": ["r", "r"], "time": [t, t + timedelta(seconds=1)], "value": [0.0, 1.0]}
+    )
+    kept_calls, kept_rewards = final_attempts_only(calls, rewards, attempts)
+    assert kept_calls["span_id"].to_list() == ["new", "new_unknown"]
+    assert kept_calls.columns == calls.columns
+    assert kept_rewards["value"].to_list() == [1.0]
+
+
+def test_a_groups_age_is_its_oldest_sampled_call():
+    calls = pl.DataFrame({"attempt_id": ["a1", "a1", "a2", "b1"], "policy_version": [3, 4, 2, None]})
+    groups = {"a1": "g1", "a2": "g1", "b1": "g2", "c1": "g3"}
+    assert oldest_versions(calls, groups) == {"g1": 2, "g2": None, "g3": None}
+
+
+# --- the whole loop on the tiny model ------------------------------------------------------------------
+
+ROOT = Path(__file__).resolve().parent.parent
+AGENT = [sys.executable, str(ROOT / "examples" / "calc_agent.py")]
+
+
+@pytest.fixture(scope="module")
+def gateway(vllm_server, tmp_path_factory):
+    """`otel-rl serve` with its gateway in front of the session's vLLM server (tiny model)."""
+    workdir = tmp_path_factory.mktemp("online")
+    server = ServerProcess(workdir / "online.duckdb", workdir, flags=("--vllm", vllm_server.url)).start()
+    yield server
+    server.stop()
+
+
+def calc_tasks(path: Path, n: int, split: str) -> Path:
+    sys.path.insert(0, str(ROOT / "examples"))
+    from calc_task import sample_tasks, split_problems, write_tasks
+
+    train, heldout = split_problems()
+    return write_tasks(path, sample_tasks(train if split == "train" else heldout, n, split, seed=0))
+
+
+def test_two_online_steps_advance_the_policy_and_use_no_stale_sample(gateway, tiny_model_dir, tmp_path):
+    def config(steps: int, **eval_settings) -> TrainConfig:
+        return config_from_dict(
+            {
+                "model": str(tiny_model_dir),
+                "output_dir": str(tmp_path / "run"),
+                "steps": steps,
+                "server": {"url": gateway.http_url, "token": gateway.token},
+                "algorithm": {"group_size": 2, "groups_per_step": 2, "max_staleness": 0},
+                "online": {"tasks": str(calc_tasks(tmp_path / "train.jsonl", 8, "train")), "harness": AGENT},
+                "eval": eval_settings,
+            }
+        )
+
+    client = ServerClient(gateway.http_url, gateway.token)
+    start_version = client.policy()["version"]
+    val = calc_tasks(tmp_path / "val.jsonl", 2, "val")
+    try:
+        first = run_online(config(1, tasks=str(val), harness=[*AGENT, "--temperature", "0"]))
+        # A second start on the same output folder resumes after step 1 instead of starting over.
+        second = run_online(config(2))
+    finally:
+        # Other tests expect the session's vLLM server to serve the original weights.
+        client.set_policy(tiny_model_dir, client.policy()["version"] + 1)
+
+    steps = first.steps + second.steps
+    assert [s.step for s in steps] == [1, 2]
+    assert [s.policy_version for s in steps] == [start_version + 2, start_version + 3]
+    assert first.run_id == second.run_id and not set(steps[0].group_ids) & set(steps[1].group_ids)
+    assert all(s.samples > 0 and s.trainer["mismatch"] < 1e-3 for s in steps)
+    assert [e.policy_version for e in first.evals] == [start_version + 1, start_version + 2]
+
+    # Every call of the groups a step trained on was sampled by the policy right before it (max_staleness 0),
+    # so calls of both versions are in the store.
+    for step in steps:
+        versions = gateway.sql(
+            "SELECT DISTINCT c.policy_version FROM llm_calls c "
+            "JOIN rollouts r USING (rollout_id, attempt_id) "  # the final attempts, the ones trained on
+            f"WHERE c.group_id IN {sql_list(step.group_ids)}"
+        ).column(0)
+        assert versions.to_pylist() == [step.policy_version - 1]
+
+    recorded = gateway.sql(
+        f"SELECT name, attributes ->> '{attr.POLICY_VERSION}' AS version FROM spans "
+        f"WHERE scope_name = '{attr.TRAIN_SCOPE}' "
+        f"AND attributes ->> '{attr.TRAIN_RUN_ID}' = '{first.run_id}' "
+        "ORDER BY start_time_unix_nano"
+    ).to_pylist()
+    v = start_version
+    assert [(r["name"], int(r["version"])) for r in recorded] == [
+        (attr.TRAIN_EVAL_SPAN_NAME, v + 1),
+        (attr.TRAIN_STEP_SPAN_NAME, v + 2),
+        (attr.TRAIN_EVAL_SPAN_NAME, v + 2),
+        (attr.TRAIN_STEP_SPAN_NAME, v + 3),
+    ]

@@ -1,0 +1,120 @@
+"""SQL over the store: `otel-rl sql` and `otel_rl.query` with and without a running server."""
+
+import json
+import subprocess
+
+import httpx
+import polars as pl
+import pytest
+from otel_rl_server import OTEL_RL
+from test_collector_http import PROTOBUF, post, spans_request
+from typer.testing import CliRunner
+
+from otel_rl.cli import app
+from otel_rl.query import QueryError, query
+from otel_rl.store import Store
+
+
+@pytest.fixture(scope="module")
+def closed_db(tmp_path_factory) -> tuple:
+    """A DuckDB file with 3 spans of one trace, no server holding it."""
+    db = tmp_path_factory.mktemp("query") / "otel_rl.duckdb"
+    request, trace_id = spans_request(3)
+    with Store(db) as store:
+        store.ingest_traces(request)
+    return db, trace_id
+
+
+def test_query_reads_the_file_when_no_server_holds_it(closed_db) -> None:
+    db, trace_id = closed_db
+
+    frame = query(f"SELECT name FROM spans WHERE trace_id = '{trace_id}' ORDER BY name", db=db)
+
+    assert isinstance(frame, pl.DataFrame)
+    assert frame["name"].to_list() == ["span 0", "span 1", "span 2"]
+
+
+def test_query_goes_through_the_server_while_it_holds_the_file(otel_rl_server, monkeypatch) -> None:
+    request, trace_id = spans_request(2)
+    assert post(otel_rl_server, "/v1/traces", request.SerializeToString(), PROTOBUF).status_code == 200
+    monkeypatch.setenv("OTEL_RL_SERVER", otel_rl_server.http_url)
+    monkeypatch.setenv("OTEL_RL_TOKEN", otel_rl_server.token)
+
+    frame = query(f"SELECT count(*) AS n FROM spans WHERE trace_id = '{trace_id}'", db=otel_rl_server.db)
+
+    assert frame.to_dicts() == [{"n": 2}]
+
+
+def test_query_refuses_writes_locally_and_through_the_server(otel_rl_server, closed_db) -> None:
+    db, _ = closed_db
+    with pytest.raises(QueryError, match="only read queries are allowed"):
+        query("DELETE FROM spans", db=db)
+    with pytest.raises(QueryError, match="400: query refused: only read queries are allowed"):
+        query("DROP TABLE spans", server=otel_rl_server.http_url, token=otel_rl_server.token)
+    with pytest.raises(QueryError, match="401"):
+        query("SELECT 1", server=otel_rl_server.http_url, token="wrong")
+
+    assert query("SELECT count(*) AS n FROM spans", db=db).to_dicts() == [{"n": 3}]
+
+
+def test_the_query_endpoint_answers_json_when_asked(otel_rl_server) -> None:
+    response = httpx.post(
+        f"{otel_rl_server.http_url}/v1/query",
+        json={"sql": "SELECT 42 AS answer, [1, 2] AS ids"},
+        headers={**otel_rl_server.auth, "Accept": "application/json"},
+    )
+
+    assert response.status_code == 200
+    assert response.json() == [{"answer": 42, "ids": [1, 2]}]
+
+
+@pytest.mark.parametrize("output_format", ["csv", "json", "table"])
+def test_otel_rl_sql_prints_each_format_from_a_file(closed_db, output_format) -> None:
+    db, trace_id = closed_db
+    sql = f"SELECT name, [1, 2] AS ids FROM spans WHERE trace_id = '{trace_id}' ORDER BY name LIMIT 2"
+
+    result = CliRunner().invoke(app, ["sql", sql, "--db", str(db), "--format", output_format])
+
+    assert result.exit_code == 0, result.output
+    if output_format == "csv":
+        assert result.output.splitlines() == ["name,ids", 'span 0,"[1, 2]"', 'span 1,"[1, 2]"']
+    elif output_format == "json":
+        assert json.loads(result.output) == [
+            {"name": "span 0", "ids": [1, 2]},
+            {"name": "span 1", "ids": [1, 2]},
+        ]
+    else:
+        assert "span 0" in result.output and "[1, 2]" in result.output and "2 row(s)" in result.output
+
+
+def test_otel_rl_sql_writes_parquet_to_a_file(closed_db, tmp_path) -> None:
+    db, _ = closed_db
+    out = tmp_path / "spans.parquet"
+
+    result = CliRunner().invoke(
+        app, ["sql", "SELECT * FROM spans", "--db", str(db), "--format", "parquet", "-o", str(out)]
+    )
+
+    assert result.exit_code == 0, result.output
+    assert pl.read_parquet(out).height == 3
+
+
+def test_otel_rl_sql_command_works_against_a_running_server(otel_rl_server) -> None:
+    request, trace_id = spans_request(1)
+    assert post(otel_rl_server, "/v1/traces", request.SerializeToString(), PROTOBUF).status_code == 200
+    sql = f"SELECT name FROM spans WHERE trace_id = '{trace_id}'"
+    args = [str(OTEL_RL), "sql", sql, "--server", otel_rl_server.http_url, "--token", otel_rl_server.token]
+
+    done = subprocess.run([*args, "--format", "csv"], capture_output=True, text=True, timeout=60)
+    refused = subprocess.run(
+        [str(OTEL_RL), "sql", "DELETE FROM spans", "--db", str(otel_rl_server.db)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={"OTEL_RL_SERVER": otel_rl_server.http_url, "OTEL_RL_TOKEN": otel_rl_server.token, "PATH": ""},
+    )
+
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines() == ["name", "span 0"]
+    assert refused.returncode == 1
+    assert "only read queries are allowed" in refused.stderr

@@ -1,0 +1,320 @@
+-- llm_calls: one row per model call, whatever the dialect it arrived in (docs/views.md), plus the content
+-- log events that could not be joined to a call (unjoined_events).
+
+-- Spans that are model calls: GenAI inference spans (every semconv library and the gateway) and
+-- OpenInference LLM spans. Agent, tool and embedding spans are not calls.
+CREATE OR REPLACE VIEW llm_call_spans AS
+SELECT
+    *,
+    CASE
+        WHEN scope_name = 'otel_rl.gateway' THEN 'gateway'
+        WHEN attributes ->> 'openinference.span.kind' = 'LLM' THEN 'openinference'
+        ELSE 'semconv'  -- refined below with the content events that joined
+    END AS span_dialect
+FROM spans
+WHERE attributes ->> 'gen_ai.operation.name' IN ('chat', 'text_completion', 'generate_content')
+   OR attributes ->> 'openinference.span.kind' = 'LLM';
+
+-- Log records that carry a call's content: the legacy per-message events (official v2 legacy path,
+-- Traceloop with use_attributes=False) and the latest semconv operation-details record (util-genai event_only /
+-- span_and_event).
+CREATE OR REPLACE VIEW genai_content_events AS
+SELECT
+    *,
+    CASE event_name
+        WHEN 'gen_ai.client.inference.operation.details' THEN 'semconv_event'
+        ELSE 'legacy_events'
+    END AS event_dialect
+FROM logs
+WHERE event_name IN (
+    'gen_ai.system.message', 'gen_ai.user.message', 'gen_ai.assistant.message', 'gen_ai.tool.message',
+    'gen_ai.choice', 'gen_ai.client.inference.operation.details'
+);
+
+-- Content events with no call span to join to, counted rather than dropped: records sent without a span
+-- context (Traceloop's streaming gen_ai.choice is emitted after its span ended) and records whose span is
+-- not (yet) stored. Time-based guessing is deliberately not attempted.
+CREATE OR REPLACE VIEW unjoined_events AS
+SELECT
+    e.content_key,
+    e.seq,
+    e.event_name,
+    e.trace_id,
+    e.span_id,
+    CASE WHEN e.span_id IS NULL THEN 'no_span_context' ELSE 'call_span_not_stored' END AS reason,
+    ns_time(coalesce(nullif(e.time_unix_nano, 0), e.observed_time_unix_nano)) AS time,
+    e.body,
+    e.resource_attributes ->> 'service.name' AS service_name,
+    e.scope_name
+FROM genai_content_events e
+ANTI JOIN llm_call_spans s ON s.trace_id = e.trace_id AND s.span_id = e.span_id;
+
+-- The content events of each call, in record order: legacy input messages by seq, legacy choices by index,
+-- and the latest operation-details record's attributes.
+CREATE OR REPLACE VIEW llm_call_events AS
+SELECT
+    trace_id,
+    span_id,
+    list(openai_message(body, regexp_extract(event_name, '^gen_ai\.(\w+)\.message$', 1)) ORDER BY seq)
+        FILTER (WHERE event_dialect = 'legacy_events' AND event_name <> 'gen_ai.choice') AS legacy_input,
+    -- Traceloop puts a choice's tool_calls next to its message, the official v2 inside it.
+    list(with_finish_reason(
+            chat_message('assistant', openai_content(json_extract(body, '$.message.content')),
+                         openai_tool_calls(json_extract(body, '$.message.tool_calls[*]')
+                                           || json_extract(body, '$.tool_calls[*]')),
+                         NULL, NULL),
+            body ->> 'finish_reason')
+         ORDER BY TRY_CAST(body ->> 'index' AS INTEGER), seq)
+        FILTER (WHERE event_name = 'gen_ai.choice') AS legacy_output,
+    arg_max(attributes, seq) FILTER (WHERE event_dialect = 'semconv_event') AS details
+FROM genai_content_events
+WHERE span_id IS NOT NULL
+GROUP BY trace_id, span_id;
+
+-- Every model call row, including client rows that a gateway row supersedes (see the dedup below).
+CREATE OR REPLACE VIEW llm_call_rows AS
+WITH calls AS (
+    SELECT
+        s.*,
+        e.legacy_input,
+        e.legacy_output,
+        e.details,
+        t.prompt_token_ids AS gw_prompt_token_ids,
+        t.choice_token_ids AS gw_choice_token_ids,
+        t.choice_logprobs AS gw_choice_logprobs,
+        -- The dialect a call's content came in: span attributes win over log events, so that
+        -- span_and_event is not counted twice.
+        CASE
+            WHEN s.span_dialect <> 'semconv' THEN s.span_dialect
+            WHEN s.attributes ->> 'gen_ai.input.messages' IS NOT NULL
+              OR s.attributes ->> 'gen_ai.output.messages' IS NOT NULL THEN 'semconv'
+            WHEN e.details IS NOT NULL THEN 'semconv_event'
+            WHEN e.legacy_input IS NOT NULL OR e.legacy_output IS NOT NULL THEN 'legacy_events'
+            ELSE 'semconv'
+        END AS dialect,
+        -- The attributes holding semconv content: the span's, or the operation-details record's.
+        CASE WHEN s.attributes ->> 'gen_ai.input.messages' IS NULL AND s.attributes ->> 'gen_ai.output.messages' IS NULL
+             THEN coalesce(e.details, s.attributes) ELSE s.attributes END AS content_attrs,
+        -- OpenInference: the raw OpenAI request and response bodies and the request parameters.
+        json_doc(json_extract(s.attributes, 'input.value')) AS oi_request,
+        json_doc(json_extract(s.attributes, 'output.value')) AS oi_response,
+        json_doc(json_extract(s.attributes, 'llm.invocation_parameters')) AS oi_params,
+        json_extract_string(s.events, '$[*].name') AS event_names
+    FROM llm_call_spans s
+    LEFT JOIN llm_call_events e USING (trace_id, span_id)
+    LEFT JOIN call_tokens t USING (trace_id, span_id)
+),
+
+normalized AS (
+    SELECT
+        trace_id,
+        span_id,
+        parent_span_id,
+        start_time_unix_nano,
+        end_time_unix_nano,
+        dialect,
+        CASE WHEN dialect = 'openinference'
+             THEN CASE WHEN oi_request ->> 'prompt' IS NOT NULL AND json_extract(oi_request, 'messages') IS NULL
+                       THEN 'text_completion' ELSE 'chat' END
+             ELSE attributes ->> 'gen_ai.operation.name' END AS operation,
+        coalesce(attributes ->> 'gen_ai.provider.name', attributes ->> 'gen_ai.system',
+                 attributes ->> 'llm.system', attributes ->> 'llm.provider') AS provider,
+        -- OpenInference's opt-in gen_ai.request.model holds the response model: read the request body first.
+        CASE WHEN dialect = 'openinference'
+             THEN coalesce(oi_request ->> 'model', oi_params ->> 'model', attributes ->> 'gen_ai.request.model')
+             ELSE attributes ->> 'gen_ai.request.model' END AS request_model,
+        -- As sent: Traceloop strips the "org/" prefix ("Qwen3-0.6B"), the others keep it.
+        coalesce(attributes ->> 'gen_ai.response.model', oi_response ->> 'model',
+                 attributes ->> 'llm.model_name') AS response_model,
+
+        CASE dialect
+            WHEN 'openinference' THEN
+                CASE WHEN json_extract(oi_request, 'messages') IS NOT NULL
+                     THEN [openai_message(m, NULL) FOR m IN json_extract(oi_request, '$.messages[*]')]
+                     ELSE nullif(oi_messages(attributes, 'llm.input_messages.'), []) END
+            WHEN 'legacy_events' THEN legacy_input
+            ELSE semconv_input_messages(json_doc(json_extract(content_attrs, 'gen_ai.input.messages')),
+                                        json_doc(json_extract(content_attrs, 'gen_ai.system_instructions')))
+        END AS input_messages_list,
+        CASE dialect
+            WHEN 'openinference' THEN
+                CASE WHEN json_extract(oi_response, 'choices') IS NOT NULL
+                     THEN [with_finish_reason(openai_message(json_extract(c, 'message'), 'assistant'), c ->> 'finish_reason')
+                           FOR c IN json_extract(oi_response, '$.choices[*]')]
+                     -- llm.finish_reason is the first choice's only
+                     ELSE nullif(list_transform(oi_messages(attributes, 'llm.output_messages.'),
+                                                lambda m, i: with_finish_reason(
+                                                    m, CASE WHEN i = 1 THEN attributes ->> 'llm.finish_reason' END)),
+                                 []) END
+            WHEN 'legacy_events' THEN legacy_output
+            ELSE semconv_output_messages(json_doc(json_extract(content_attrs, 'gen_ai.output.messages')))
+        END AS output_messages_list,
+        CASE dialect
+            WHEN 'openinference' THEN
+                coalesce(CASE WHEN json_extract(oi_request, 'tools') IS NOT NULL THEN to_json(json_extract(oi_request, 'tools')) END,
+                         nullif(to_json([json_doc(json_extract(attributes, ('llm.tools.' || i || '.tool.json_schema')))
+                                         FOR i IN range(oi_count(attributes, 'llm.tools.'))]), '[]'::JSON))
+            ELSE openai_tool_definitions(json_doc(json_extract(content_attrs, 'gen_ai.tool.definitions')))
+        END AS tool_definitions,
+        coalesce(
+            nullif(json_extract_string(json_doc(json_extract(attributes, 'gen_ai.response.finish_reasons')), '$[*]'), []),
+            nullif(json_extract_string(oi_response, '$.choices[*].finish_reason'), []),
+            CASE WHEN attributes ->> 'llm.finish_reason' IS NOT NULL THEN [attributes ->> 'llm.finish_reason'] END
+        ) AS attribute_finish_reasons,
+        coalesce(
+            TRY_CAST(attributes ->> 'gen_ai.request.choice.count' AS INTEGER),
+            TRY_CAST(attributes ->> 'gen_ai.request.n' AS INTEGER),
+            TRY_CAST(oi_params ->> 'n' AS INTEGER)
+        ) AS requested_choices,
+
+        coalesce(TRY_CAST(attributes ->> 'gen_ai.request.temperature' AS DOUBLE),
+                 TRY_CAST(oi_params ->> 'temperature' AS DOUBLE)) AS temperature,
+        coalesce(TRY_CAST(attributes ->> 'gen_ai.request.top_p' AS DOUBLE),
+                 TRY_CAST(oi_params ->> 'top_p' AS DOUBLE)) AS top_p,
+        coalesce(TRY_CAST(attributes ->> 'gen_ai.request.max_tokens' AS INTEGER),
+                 TRY_CAST(oi_params ->> 'max_tokens' AS INTEGER),
+                 TRY_CAST(oi_params ->> 'max_completion_tokens' AS INTEGER)) AS max_tokens,
+        coalesce(TRY_CAST(attributes ->> 'gen_ai.request.seed' AS BIGINT),
+                 TRY_CAST(attributes ->> 'gen_ai.openai.request.seed' AS BIGINT),
+                 TRY_CAST(oi_params ->> 'seed' AS BIGINT)) AS seed,
+        coalesce(TRY_CAST(attributes ->> 'gen_ai.usage.input_tokens' AS INTEGER),
+                 TRY_CAST(attributes ->> 'gen_ai.usage.prompt_tokens' AS INTEGER),
+                 TRY_CAST(attributes ->> 'llm.token_count.prompt' AS INTEGER)) AS input_tokens,
+        coalesce(TRY_CAST(attributes ->> 'gen_ai.usage.output_tokens' AS INTEGER),
+                 TRY_CAST(attributes ->> 'gen_ai.usage.completion_tokens' AS INTEGER),
+                 TRY_CAST(attributes ->> 'llm.token_count.completion' AS INTEGER)) AS output_tokens,
+
+        -- Only some libraries say whether a call streamed; the official v2 never does (NULL: unknown).
+        coalesce(
+            TRY_CAST(attributes ->> 'gen_ai.request.stream' AS BOOLEAN),
+            TRY_CAST(attributes ->> 'gen_ai.is_streaming' AS BOOLEAN),
+            CASE WHEN dialect = 'openinference' THEN coalesce(TRY_CAST(oi_params ->> 'stream' AS BOOLEAN), false) END,
+            CASE WHEN list_contains(event_names, 'gen_ai.content.completion.chunk') THEN true END
+        ) AS streaming,
+
+        status_code = 2 OR attributes ->> 'error.type' IS NOT NULL
+            OR list_contains(event_names, 'exception') AS is_error,
+        error_type_name(coalesce(
+            attributes ->> 'error.type',
+            [json_extract(ev, 'attributes') ->> 'exception.type'
+                FOR ev IN json_extract(events, '$[*]') IF ev ->> 'name' = 'exception'][1]
+        )) AS error_type,
+
+        -- Token data: the gateway's packed arrays, or the raw vLLM response that OpenInference keeps.
+        CASE WHEN dialect = 'gateway' THEN gw_prompt_token_ids
+             ELSE TRY_CAST(json_extract(oi_response, 'prompt_token_ids') AS INTEGER[]) END AS prompt_token_ids,
+        CASE WHEN dialect = 'gateway' THEN gw_choice_token_ids
+             ELSE nullif([TRY_CAST(json_extract(c, 'token_ids') AS INTEGER[]) FOR c IN json_extract(oi_response, '$.choices[*]')],
+                         []) END AS completion_token_ids_raw,
+        CASE WHEN dialect = 'gateway' THEN gw_choice_logprobs
+             ELSE [CASE WHEN json_type(c, '$.logprobs.content') = 'ARRAY'
+                        THEN TRY_CAST(json_extract(c, '$.logprobs.content[*].logprob') AS FLOAT[]) END
+                   FOR c IN json_extract(oi_response, '$.choices[*]')] END AS completion_logprobs_raw,
+
+        TRY_CAST(attributes ->> 'otel_rl.policy.version' AS INTEGER) AS policy_version,
+        CASE dialect
+            WHEN 'gateway' THEN json_doc(json_extract(attributes, 'otel_rl.sampling.params'))
+            WHEN 'openinference' THEN oi_params
+        END AS sampling_params,
+        coalesce(
+            attributes ->> 'otel_rl.server.url',
+            attributes ->> 'gen_ai.openai.api_base',
+            attributes ->> 'server.address' || coalesce(':' || (attributes ->> 'server.port'), '')
+        ) AS server_url,
+        resource_attributes ->> 'service.name' AS service_name,
+        scope_name
+    FROM calls
+),
+
+with_identity AS (
+    SELECT n.*, i.rollout_id, i.attempt_id, i.group_id, i.task_id, i.split
+    FROM normalized n
+    LEFT JOIN span_identity i USING (trace_id, span_id)
+),
+
+-- Dedup (PLAN.md): a call recorded both by the gateway and by the client's instrumentation keeps only the
+-- gateway row. The client span is the gateway span's parent or grandparent when the trace context was
+-- propagated, or else a client call of the same rollout whose time range contains the gateway span.
+gateway_calls AS (
+    SELECT trace_id, span_id, parent_span_id, rollout_id, start_time_unix_nano, end_time_unix_nano
+    FROM with_identity WHERE dialect = 'gateway'
+),
+gateway_matches AS (
+    SELECT g.trace_id AS client_trace_id, g.parent_span_id AS client_span_id, g.trace_id, g.span_id
+    FROM gateway_calls g
+    UNION ALL
+    SELECT g.trace_id, p.parent_span_id, g.trace_id, g.span_id
+    FROM gateway_calls g JOIN spans p ON p.trace_id = g.trace_id AND p.span_id = g.parent_span_id
+    UNION ALL
+    SELECT c.trace_id, c.span_id, g.trace_id, g.span_id
+    FROM with_identity c JOIN gateway_calls g
+      ON c.rollout_id = g.rollout_id
+     AND c.start_time_unix_nano <= g.start_time_unix_nano AND g.end_time_unix_nano <= c.end_time_unix_nano
+    WHERE c.dialect <> 'gateway'
+),
+superseded AS (
+    SELECT client_trace_id, client_span_id, min({'trace_id': trace_id, 'span_id': span_id}) AS gateway_call
+    FROM gateway_matches
+    GROUP BY client_trace_id, client_span_id
+)
+
+SELECT
+    c.trace_id,
+    c.span_id,
+    c.parent_span_id,
+    c.rollout_id,
+    c.attempt_id,
+    c.group_id,
+    c.task_id,
+    c.split,
+    ns_time(c.start_time_unix_nano) AS started_at,
+    ns_time(c.end_time_unix_nano) AS ended_at,
+    c.start_time_unix_nano,
+    (c.end_time_unix_nano - c.start_time_unix_nano) / 1e6 AS duration_ms,
+    c.operation,
+    c.provider,
+    c.request_model,
+    c.response_model,
+    to_json(nullif(c.input_messages_list, [])) AS input_messages,
+    to_json(nullif(c.output_messages_list, [])) AS output_messages,
+    c.tool_definitions,
+    coalesce(len(nullif(c.output_messages_list, [])), len(c.attribute_finish_reasons), c.requested_choices)::INTEGER
+        AS n_choices,
+    -- One per choice: from the output messages when they carry them, else the span attribute (streamed
+    -- official-v2 calls have them only in the messages; OpenInference's attribute has the first choice's only).
+    CASE WHEN list_bool_or([m.finish_reason IS NOT NULL FOR m IN c.output_messages_list])
+         THEN [m.finish_reason FOR m IN c.output_messages_list]
+         WHEN list_bool_or([finish_reason(r) IS NOT NULL FOR r IN c.attribute_finish_reasons])
+         THEN [finish_reason(r) FOR r IN c.attribute_finish_reasons] END
+        AS finish_reasons,
+    c.temperature,
+    c.top_p,
+    c.max_tokens,
+    c.seed,
+    c.input_tokens,
+    c.output_tokens,
+    c.streaming,
+    c.is_error,
+    c.error_type,
+    c.dialect,
+    c.prompt_token_ids,
+    CASE WHEN list_bool_or([t IS NOT NULL FOR t IN c.completion_token_ids_raw]) THEN c.completion_token_ids_raw END
+        AS completion_token_ids,
+    CASE WHEN list_bool_or([l IS NOT NULL FOR l IN c.completion_logprobs_raw]) THEN c.completion_logprobs_raw END
+        AS completion_logprobs,
+    c.policy_version,
+    c.sampling_params,
+    c.server_url,
+    c.service_name,
+    c.scope_name,
+    s.gateway_call.trace_id AS superseded_by_trace_id,
+    s.gateway_call.span_id AS superseded_by_span_id
+FROM with_identity c
+LEFT JOIN superseded s
+  ON s.client_trace_id = c.trace_id AND s.client_span_id = c.span_id AND c.dialect <> 'gateway';
+
+-- One row per model call (PLAN.md contract): client rows superseded by a gateway row are left out.
+CREATE OR REPLACE VIEW llm_calls AS
+SELECT * EXCLUDE (superseded_by_trace_id, superseded_by_span_id)
+FROM llm_call_rows
+WHERE superseded_by_span_id IS NULL;

@@ -1,0 +1,58 @@
+-- rewards: every gen_ai.evaluation.result, sent as a span event or as a log record (the SDK's
+-- otel_rl.reward(), POST /v1/rewards, any grader using the GenAI evaluation event).
+
+CREATE OR REPLACE VIEW rewards AS
+WITH span_events AS (
+    SELECT s.trace_id, s.span_id, e.event
+    FROM spans s, unnest(json_extract(s.events, '$[*]')) AS e(event)
+    -- a cheap text test first, so that only spans carrying the event have their events parsed
+    WHERE contains(s.events::VARCHAR, 'gen_ai.evaluation.result')
+      AND e.event ->> 'name' = 'gen_ai.evaluation.result'
+),
+evaluations AS (
+    SELECT
+        trace_id,
+        span_id,
+        json_extract(event, 'attributes') AS attributes,
+        NULL::JSON AS resource_attributes,
+        ns_time(TRY_CAST(event ->> 'time_unix_nano' AS UBIGINT)) AS time,
+        'span_event' AS origin
+    FROM span_events
+    UNION ALL
+    SELECT
+        trace_id,
+        span_id,
+        attributes,
+        resource_attributes,
+        ns_time(coalesce(nullif(time_unix_nano, 0), observed_time_unix_nano)) AS time,
+        'log' AS origin
+    FROM logs
+    WHERE event_name = 'gen_ai.evaluation.result'
+),
+-- Rewards on a client call span that a gateway row superseded belong to the gateway's llm_calls row.
+call_spans AS (
+    SELECT trace_id, span_id,
+           coalesce(superseded_by_trace_id, trace_id) AS call_trace_id,
+           coalesce(superseded_by_span_id, span_id) AS call_span_id
+    FROM llm_call_rows
+)
+
+SELECT
+    coalesce(ev.attributes ->> 'otel_rl.rollout.id', ev.resource_attributes ->> 'otel_rl.rollout.id',
+             i.rollout_id, t.rollout_id) AS rollout_id,
+    coalesce(c.call_trace_id, ev.trace_id) AS trace_id,
+    coalesce(c.call_span_id, ev.span_id) AS span_id,
+    CASE WHEN c.span_id IS NOT NULL THEN 'turn' ELSE 'outcome' END AS level,
+    ev.attributes ->> 'gen_ai.evaluation.name' AS name,
+    TRY_CAST(ev.attributes ->> 'gen_ai.evaluation.score.value' AS DOUBLE) AS value,
+    ev.attributes ->> 'gen_ai.evaluation.score.label' AS label,
+    ev.attributes ->> 'gen_ai.evaluation.explanation' AS explanation,
+    ev.attributes ->> 'otel_rl.reward.source' AS source,
+    ev.origin,
+    ev.time
+FROM evaluations ev
+LEFT JOIN call_spans c ON c.trace_id = ev.trace_id AND c.span_id = ev.span_id
+LEFT JOIN span_identity i ON i.trace_id = ev.trace_id AND i.span_id = ev.span_id
+-- a log record may name only its trace (or a span not stored yet): any identity of that trace
+LEFT JOIN (SELECT trace_id, any_value(rollout_id) AS rollout_id FROM span_identity
+           WHERE rollout_id IS NOT NULL GROUP BY trace_id) t ON t.trace_id = ev.trace_id;

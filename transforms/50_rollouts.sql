@@ -1,0 +1,97 @@
+-- rollouts: one row per rollout id, from every span that carries (or inherits) the rollout identity.
+
+CREATE OR REPLACE VIEW rollouts AS
+WITH rollout_spans AS (
+    SELECT s.*, i.rollout_id, i.attempt_id, i.group_id, i.task_id, i.split
+    FROM spans s JOIN span_identity i USING (trace_id, span_id)
+    WHERE i.rollout_id IS NOT NULL
+),
+-- The rollout's own spans, latest first: the controller's otel_rl.rollout span (one per attempt) and the
+-- SDK's rollout span opened by otel_rl.rollout().
+controller_attempts AS (
+    SELECT
+        rollout_id,
+        arg_max(attempt_id, start_time_unix_nano) AS attempt_id,
+        arg_max(coalesce(attributes ->> 'otel_rl.rollout.status',
+                         CASE WHEN status_code = 2 THEN 'error' ELSE 'ok' END), start_time_unix_nano) AS status,
+        arg_max(TRY_CAST(attributes ->> 'otel_rl.rollout.exit_code' AS INTEGER), start_time_unix_nano) AS exit_code
+    FROM rollout_spans
+    WHERE scope_name = 'otel_rl.controller' AND name = 'otel_rl.rollout'
+    GROUP BY rollout_id
+),
+sdk_spans AS (
+    SELECT
+        rollout_id,
+        arg_max(attempt_id, start_time_unix_nano) AS attempt_id,
+        arg_max(CASE WHEN status_code = 2 THEN 'error' ELSE 'ok' END, start_time_unix_nano) AS status
+    FROM rollout_spans
+    WHERE scope_name = 'otel_rl.sdk' AND name = 'rollout'
+    GROUP BY rollout_id
+),
+summary AS (
+    SELECT
+        rollout_id,
+        arg_max(attempt_id, start_time_unix_nano) FILTER (WHERE attempt_id IS NOT NULL) AS attempt_id,
+        min_by(group_id, start_time_unix_nano) FILTER (WHERE group_id IS NOT NULL) AS group_id,
+        min_by(task_id, start_time_unix_nano) FILTER (WHERE task_id IS NOT NULL) AS task_id,
+        min_by(split, start_time_unix_nano) FILTER (WHERE split IS NOT NULL) AS split,
+        min(start_time_unix_nano) AS start_time_unix_nano,
+        max(end_time_unix_nano) AS end_time_unix_nano,
+        -- the harness's service, not the controller's or the gateway's
+        coalesce(min_by(resource_attributes ->> 'service.name', start_time_unix_nano)
+                     FILTER (WHERE scope_name NOT IN ('otel_rl.controller', 'otel_rl.gateway')),
+                 min_by(resource_attributes ->> 'service.name', start_time_unix_nano)) AS service_name,
+        list(DISTINCT trace_id ORDER BY trace_id) AS trace_ids,
+        -- A zero-code harness has no rollout span: its finished work shows as trace roots.
+        bool_or(parent_span_id IS NULL) AS has_root_span,
+        bool_or(parent_span_id IS NULL AND status_code = 2) AS has_failed_root_span
+    FROM rollout_spans
+    GROUP BY rollout_id
+),
+calls AS (
+    SELECT
+        rollout_id,
+        count(*) AS n_calls,
+        count(*) FILTER (WHERE is_error) AS n_error_calls,
+        min(policy_version) AS policy_version_min,
+        max(policy_version) AS policy_version_max
+    FROM llm_calls
+    WHERE rollout_id IS NOT NULL
+    GROUP BY rollout_id
+),
+outcomes AS (
+    SELECT rollout_id, arg_max(value, time) AS outcome_reward
+    FROM rewards
+    WHERE level = 'outcome' AND name = 'outcome'
+    GROUP BY rollout_id
+)
+
+SELECT
+    s.rollout_id,
+    coalesce(ca.attempt_id, sdk.attempt_id, s.attempt_id) AS attempt_id,
+    s.group_id,
+    s.task_id,
+    s.split,
+    -- the controller knows timeouts and crashes; the SDK span knows whether the harness block raised;
+    -- with neither, the rollout is still running unless a zero-code harness's root spans have ended
+    coalesce(
+        ca.status,
+        sdk.status,
+        CASE WHEN s.has_failed_root_span THEN 'error' WHEN s.has_root_span THEN 'ok' ELSE 'running' END
+    ) AS status,
+    ca.exit_code,
+    ns_time(s.start_time_unix_nano) AS started_at,
+    ns_time(s.end_time_unix_nano) AS ended_at,
+    (s.end_time_unix_nano - s.start_time_unix_nano) / 1e6 AS duration_ms,
+    coalesce(c.n_calls, 0) AS n_calls,
+    coalesce(c.n_error_calls, 0) AS n_error_calls,
+    o.outcome_reward,
+    s.service_name,
+    s.trace_ids,
+    c.policy_version_min,
+    c.policy_version_max
+FROM summary s
+LEFT JOIN controller_attempts ca USING (rollout_id)
+LEFT JOIN sdk_spans sdk USING (rollout_id)
+LEFT JOIN calls c USING (rollout_id)
+LEFT JOIN outcomes o USING (rollout_id);
