@@ -26,6 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from otel_rl_server import ServerProcess  # noqa: E402 - the tests' real-server helper
 
 from otel_rl.collector.flatten import traces_to_tables  # noqa: E402
+from otel_rl.store import Store  # noqa: E402
 
 FIXTURES = Path(__file__).resolve().parents[2] / "shared" / "fixtures" / "otel"
 SPANS_PER_REQUEST = 512
@@ -90,6 +91,22 @@ def decode_rate(body: bytes, seconds: float = 2.0) -> tuple[float, float]:
             n += 1
         rates.append(n * SPANS_PER_REQUEST / (time.process_time() - start))
     return rates[0], rates[1]
+
+
+def store_rate(template: bytes, placeholders: list[bytes], workdir: Path, requests: int = 32) -> float:
+    """CPU-time spans/s of the durable store write alone (anti-join insert + fsync'd commit, 4 per group)."""
+    batches = [
+        traces_to_tables(
+            ExportTraceServiceRequest.FromString(fresh_copy(template, placeholders)), datetime.now(UTC)
+        )
+        for _ in range(requests)
+    ]
+    with Store(workdir / "store-only.duckdb", transforms_dir=workdir) as store:
+        start = time.process_time()  # all threads of this process: DuckDB's too
+        for group in range(0, requests, 4):
+            for future in [store.submit(batch) for batch in batches[group : group + 4]]:
+                future.result()
+        return requests * SPANS_PER_REQUEST / (time.process_time() - start)
 
 
 def sustained_ingest(
@@ -184,6 +201,7 @@ def main() -> None:
     parse_rate, flatten_rate = decode_rate(fresh_copy(template, placeholders))
 
     with tempfile.TemporaryDirectory() as workdir:
+        write_rate = store_rate(template, placeholders, Path(workdir))
         db = Path(workdir) / "bench.duckdb"
         server = ServerProcess(db, Path(workdir)).start()
         try:
@@ -199,12 +217,19 @@ def main() -> None:
         console.print(f"  ingest              : {per_core:>10,.0f} spans/s per server core")
         console.print(f"  protobuf decode     : {parse_rate:>10,.0f} spans/s per core (the limit)")
         console.print(f"  decode + flatten    : {flatten_rate:>10,.0f} spans/s per core")
+        console.print(
+            f"  store write alone   : {write_rate:>10,.0f} spans/s per core (insert + durable commit)"
+        )
+        stages = 1 / (1 / flatten_rate + 1 / write_rate)
+        console.print(
+            f"  the stages together : {stages:>10,.0f} spans/s per core (the rest is HTTP and the server)"
+        )
         console.print(f"  ingest / decode     : {per_core / parse_rate:>10.1%} per core")
         console.print(f"  ingest / flatten    : {per_core / flatten_rate:>10.1%} per core")
         verdict = "meets" if per_core >= TARGET_SPANS_PER_CORE else "MISSES"
         console.print(f"  target              : {verdict} {TARGET_SPANS_PER_CORE:,} spans/s on one core")
 
-        calls = multiply_calls(db, args.calls)
+        calls = multiply_calls(db, args.calls) if args.calls else 0
         if calls:
             seconds = time_group_by(db)
             console.print(

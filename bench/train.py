@@ -93,6 +93,7 @@ def main() -> None:
                             "groups_per_step": args.groups,
                             "max_staleness": args.max_staleness,
                         },
+                        "reward": {"trusted_sources": ["harness"]},  # the calculator agent grades itself
                         "online": {
                             "tasks": str(tasks),
                             "harness": [sys.executable, str(ROOT / "examples" / "calc_agent.py")],

@@ -32,6 +32,7 @@ class ServeSettings:
     forward_otlp: str | None = None  # also send the gateway's spans to this OTLP/HTTP traces endpoint
     split_sampling: dict | None = None  # {"train": {...}, "val": {...}}; None: the gateway's defaults
     upstream_timeout_s: float = 600.0  # one model call through the gateway
+    drain_timeout_s: float = 30.0  # how long a reload lets calls in flight finish before aborting them
 
 
 def create_app(settings: ServeSettings):  # noqa: ANN201 - FastAPI, imported lazily to keep the CLI fast
@@ -41,7 +42,7 @@ def create_app(settings: ServeSettings):  # noqa: ANN201 - FastAPI, imported laz
     from otel_rl.auth import Auth, admin_token
     from otel_rl.collector.http import collector_router
     from otel_rl.collector.rewards import rewards_router
-    from otel_rl.gateway.routes import gateway_router
+    from otel_rl.gateway.routes import ModelCallRoutes, gateway_router
     from otel_rl.query_api import query_router
     from otel_rl.store import Store
 
@@ -82,6 +83,7 @@ def create_app(settings: ServeSettings):  # noqa: ANN201 - FastAPI, imported laz
     app.include_router(rewards_router(store, auth))
     app.state.gateway = gateway
     app.include_router(gateway_router(gateway))
+    app.add_middleware(ModelCallRoutes, gateway=gateway)
 
     @app.get("/healthz", tags=["health"])
     def healthz() -> dict:
@@ -103,6 +105,7 @@ def _gateway(settings: ServeSettings, store, auth):  # noqa: ANN001, ANN202 - la
         servers=servers,
         forward_otlp=settings.forward_otlp,
         upstream_timeout_s=settings.upstream_timeout_s,
+        drain_timeout_s=settings.drain_timeout_s,
         **options,
     )
     return Gateway(gateway_settings, auth=auth, ingest=store.ingest_traces), local
@@ -137,6 +140,9 @@ def serve(
     upstream_timeout: Annotated[
         float, typer.Option(help="Seconds a model call through the gateway may wait for vLLM")
     ] = 600.0,
+    drain_timeout: Annotated[
+        float, typer.Option(help="Seconds a weight reload lets calls in flight finish before aborting them")
+    ] = 30.0,
 ) -> None:
     """Run the server: OTLP receivers (HTTP and gRPC), the SQL query API and rewards, over one DuckDB file."""
     import uvicorn
@@ -153,6 +159,7 @@ def serve(
         forward_otlp=forward_otlp,
         split_sampling=_json_option("--split-sampling", split_sampling),
         upstream_timeout_s=upstream_timeout,
+        drain_timeout_s=drain_timeout,
     )
     app = create_app(settings)
     console = Console(stderr=True)

@@ -36,7 +36,7 @@ CHAT_TEMPLATE = (
     ' + \'<tool_call>{"name": <function-name>, "arguments": <args-json-object>}</tool_call><|im_end|>\\n\' }}'
     "{%- endif %}"
     "{%- for message in messages %}"
-    "{%- if message.role == 'system' and loop.first and tools %}"
+    "{%- if message.role == 'system' and loop.first and tools %}{#- rendered above, with the tools #}"
     "{%- elif message.role == 'assistant' %}"
     "{{- '<|im_start|>assistant\\n' + (message.content or '') }}"
     "{%- for tool_call in message.tool_calls or [] %}"
@@ -219,6 +219,9 @@ def init_command(
     mlp: Annotated[int, typer.Option(help="MLP intermediate size.")] = TinyModelShape.mlp,
 ) -> None:
     """Build a seeded tokenizer and Qwen2 model into DIRECTORY (offline, a few seconds)."""
+    from transformers.utils import logging
+
+    logging.disable_progress_bar()  # saving one small file needs no progress bar
     shape = TinyModelShape(
         hidden=hidden, layers=layers, heads=heads, kv_heads=kv_heads, head_dim=head_dim, mlp=mlp
     )

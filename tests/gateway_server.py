@@ -1,4 +1,4 @@
-"""The `otel-rl serve` app (collector, store, gateway) run in-process by uvicorn on a free port, for gateway tests.
+"""The `otel-rl serve` app (collector, store, gateway) run in-process by uvicorn on a free port, for tests.
 
 In-process so that tests read the store directly and see the gateway's state; the HTTP path is the real one.
 """
@@ -20,7 +20,7 @@ ADMIN_TOKEN = "gateway-test-admin-token"
 
 
 class GatewayServer:
-    """`with GatewayServer(db, vllm=[url]) as server:` → server.url (OpenAI base URL), .admin, .spans(where)."""
+    """`with GatewayServer(db, vllm=[url]) as server:` → .url (OpenAI base URL), .admin, .spans(where)."""
 
     def __init__(self, db: Path, *, vllm: list[str], **settings: Any) -> None:
         self.settings = ServeSettings(db=db, grpc_port=None, token=ADMIN_TOKEN, vllm=tuple(vllm), **settings)

@@ -136,6 +136,7 @@ def test_two_online_steps_advance_the_policy_and_use_no_stale_sample(gateway, ti
                 "steps": steps,
                 "server": {"url": gateway.http_url, "token": gateway.token},
                 "algorithm": {"group_size": 2, "groups_per_step": 2, "max_staleness": 0},
+                "reward": {"trusted_sources": ["harness"]},  # the calculator agent grades itself
                 "online": {"tasks": str(calc_tasks(tmp_path / "train.jsonl", 8, "train")), "harness": AGENT},
                 "eval": eval_settings,
             }

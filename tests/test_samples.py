@@ -318,3 +318,9 @@ def test_unknown_logprobs_are_zero_and_flagged():
     )
     row = one(samples, rollout_id="r1")
     assert row["rollout_logprobs"] == [0.0, 0.0] and not row["has_logprobs"]
+
+
+def test_no_selected_rollouts_give_no_samples_and_an_empty_report():
+    samples, report = build(calls_frame(), rollouts_frame(), rewards_frame())
+    assert samples.height == 0 and samples.columns[:3] == ["segment_id", "rollout_id", "attempt_id"]
+    assert (report.rollouts, report.calls, report.segments, report.dropped_rollouts) == (0, 0, 0, {})

@@ -169,10 +169,15 @@ def test_a_failing_agent_exporting_over_grpc_is_recorded_as_error_with_its_turn_
         otel_rl_server, f"SELECT status, n_calls FROM rollouts WHERE rollout_id = '{rollout_id}'"
     )
     assert (rollout["status"], rollout["n_calls"]) == ("error", 1)
-    [reward] = rows(
-        otel_rl_server, f"SELECT name, value, label FROM rewards WHERE rollout_id = '{rollout_id}'"
+    [reward] = rows(otel_rl_server, f"SELECT * FROM rewards WHERE rollout_id = '{rollout_id}'")
+    [call] = rows(otel_rl_server, f"SELECT span_id FROM llm_calls WHERE rollout_id = '{rollout_id}'")
+    assert (reward["level"], reward["span_id"], reward["name"], reward["value"], reward["label"]) == (
+        "turn",
+        call["span_id"],
+        "format",
+        0.25,
+        "half",
     )
-    assert reward == {"name": "partial", "value": 0.25, "label": "half"}
 
 
 def test_a_child_process_started_with_rollout_env_joins_the_rollout(otel_rl_server, fake_vllm, tmp_path):

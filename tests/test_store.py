@@ -77,6 +77,19 @@ def test_a_bad_batch_fails_alone_and_its_group_is_still_committed(held_writer) -
     assert con.execute("SELECT count(*) FROM t").fetchone() == (6,)
 
 
+def test_a_cancelled_write_is_skipped_and_the_writer_keeps_going(held_writer) -> None:
+    writer, con, entered, release = held_writer
+    writer.submit({"t": rows(1)})
+    entered.wait(10)
+    abandoned = writer.submit({"t": rows(5, start=100)})
+    assert abandoned.cancel()  # what asyncio does when the HTTP client goes away
+
+    release.set()
+
+    writer.submit({"t": rows(2, start=200)}).result(10)
+    assert con.execute("SELECT count(*) FROM t").fetchone() == (3,)
+
+
 def test_a_full_queue_refuses_with_saturated_until_the_writer_catches_up(held_writer) -> None:
     writer, con, entered, release = held_writer
     writer.submit({"t": rows(1)})

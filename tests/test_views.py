@@ -55,9 +55,46 @@ SCENARIOS = ("agent_1", "agent_2", "stream", "stream_tool", "n2", "error", "util
 # ---------------------------------------------------------------- the captured fixtures, through the server
 
 
+class FixtureRuns:
+    """The server holding every captured export, and the views' rows of each fixture run (read once).
+
+    Runs are told apart by their resource's service.instance.id.
+    """
+
+    def __init__(self, server) -> None:  # noqa: ANN001 - tests/otel_rl_server.ServerProcess
+        self.server = server
+        self.instances: dict[str, str] = {}
+        self._rows: dict[tuple[str, str], list[dict]] = {}
+
+    def rows(self, view: str, run: str) -> list[dict]:
+        """Rows of a view for one run, oldest call first, with the JSON columns parsed."""
+        if (view, run) not in self._rows:
+            traces = f"SELECT trace_id FROM spans WHERE {self.where(run)}"
+            order = "start_time_unix_nano" if view == "llm_calls" else "trace_id"
+            rows = self.server.sql(f"SELECT * FROM {view} WHERE trace_id IN ({traces}) ORDER BY {order}")
+            self._rows[view, run] = [parse_json_columns(row) for row in rows.to_pylist()]
+        return self._rows[view, run]
+
+    def calls(self, run: str) -> dict[str, dict]:
+        """The run's llm_calls rows by scenario."""
+        return dict(zip(SCENARIOS, self.rows("llm_calls", run), strict=False))
+
+    def where(self, run: str) -> str:
+        """A predicate on a spans or logs row: it belongs to the run."""
+        return f"resource_attributes ->> 'service.instance.id' = '{self.instances[run]}'"
+
+
+def parse_json_columns(row: dict) -> dict:
+    for column in ("input_messages", "output_messages", "tool_definitions", "sampling_params"):
+        if row.get(column) is not None:
+            row[column] = json.loads(row[column])
+    return row
+
+
 @pytest.fixture(scope="module")
-def fixtures_server(otel_rl_server):
-    """The shared server with every captured export POSTed as captured (stored once however often sent)."""
+def fixture_runs(otel_rl_server) -> FixtureRuns:
+    """Every captured export POSTed as captured to the shared server (stored once however often sent)."""
+    runs = FixtureRuns(otel_rl_server)
     for captured in captured_requests():
         response = httpx.post(
             f"{otel_rl_server.http_url}/v1/{captured.signal}",
@@ -66,35 +103,11 @@ def fixtures_server(otel_rl_server):
             timeout=30,
         )
         assert response.status_code == 200, (captured.name, response.text)
-    return otel_rl_server
-
-
-def run_instance(run: str) -> str:
-    """The service.instance.id of a fixture run: it tells the run's rows apart from every other run's."""
-    for captured in captured_requests():
-        if captured.name.split("/")[1] == run and captured.signal == "traces":
+        if captured.signal == "traces":
             resource = captured.decoded.resource_spans[0].resource
-            return next(
-                kv.value.string_value for kv in resource.attributes if kv.key == "service.instance.id"
-            )
-    raise KeyError(run)
-
-
-def run_rows(server, view: str, run: str) -> list[dict]:
-    """Rows of a view for one fixture run, oldest first, with the JSON columns parsed."""
-    instance = run_instance(run)
-    traces = f"SELECT trace_id FROM spans WHERE resource_attributes ->> 'service.instance.id' = '{instance}'"
-    order = "start_time_unix_nano" if view == "llm_calls" else "trace_id"
-    rows = server.sql(f"SELECT * FROM {view} WHERE trace_id IN ({traces}) ORDER BY {order}").to_pylist()
-    for row in rows:
-        for column in ("input_messages", "output_messages", "tool_definitions", "sampling_params"):
-            if row.get(column) is not None:
-                row[column] = json.loads(row[column])
-    return rows
-
-
-def scenario_calls(server, run: str) -> dict[str, dict]:
-    return dict(zip(SCENARIOS, run_rows(server, "llm_calls", run), strict=False))
+            instance = {kv.key: kv.value.string_value for kv in resource.attributes}["service.instance.id"]
+            runs.instances[captured.name.split("/")[1]] = instance
+    return runs
 
 
 def tool_call(name: str, arguments: dict, call_id: str = "call_fake0weather") -> dict:
@@ -110,8 +123,8 @@ pytestmark = requires_fixtures
 
 
 @pytest.mark.parametrize("run", sorted(DIALECTS))
-def test_each_run_has_one_llm_calls_row_per_model_call_in_its_dialect(fixtures_server, run: str) -> None:
-    calls = run_rows(fixtures_server, "llm_calls", run)
+def test_each_run_has_one_llm_calls_row_per_model_call_in_its_dialect(fixture_runs, run: str) -> None:
+    calls = fixture_runs.rows("llm_calls", run)
     assert len(calls) == (8 if run in UTIL_GENAI_AGENT else 6)
     assert {c["dialect"] for c in calls} == {DIALECTS[run]}
     assert {c["provider"] for c in calls} == {"openai"}
@@ -120,15 +133,15 @@ def test_each_run_has_one_llm_calls_row_per_model_call_in_its_dialect(fixtures_s
 
 
 @pytest.mark.parametrize("run", WITH_CONTENT)
-def test_the_agent_asks_for_a_tool_and_gets_its_result_back(fixtures_server, run: str) -> None:
-    calls = scenario_calls(fixtures_server, run)
+def test_the_agent_asks_for_a_tool_and_gets_its_result_back(fixture_runs, run: str) -> None:
+    calls = fixture_runs.calls(run)
     first, second = calls["agent_1"], calls["agent_2"]
     assert [m["role"] for m in first["input_messages"]] == ["system", "user"]
     assert first["input_messages"][1]["content"] == "What's the weather in Paris?"
     (asked,) = first["output_messages"]
     assert tool_calls_of(asked) == [tool_call("get_weather", {"city": "Paris"})]
     assert first["finish_reasons"] == ["tool_calls"]
-    if DIALECTS[run] != "legacy_events":  # the legacy events carry no tool definitions
+    if run.startswith(("oi_", "tl_default")):  # the official v2 and legacy events record no definitions
         assert first["tool_definitions"][0]["function"]["name"] == "get_weather"
 
     assistant, tool = second["input_messages"][2:]
@@ -139,9 +152,7 @@ def test_the_agent_asks_for_a_tool_and_gets_its_result_back(fixtures_server, run
     assert second["output_messages"][0]["content"] == ANSWER
     assert second["finish_reasons"] == ["stop"]
 
-    (requested,) = [
-        r for r in run_rows(fixtures_server, "tool_calls", run) if r["span_id"] == first["span_id"]
-    ]
+    (requested,) = [r for r in fixture_runs.rows("tool_calls", run) if r["span_id"] == first["span_id"]]
     assert (requested["choice_index"], requested["name"]) == (0, "get_weather")
     assert json.loads(requested["arguments"]) == {"city": "Paris"}
     # matched by id, or (Traceloop legacy) by its place after the assistant message
@@ -150,20 +161,19 @@ def test_the_agent_asks_for_a_tool_and_gets_its_result_back(fixtures_server, run
 
 
 @pytest.mark.parametrize("run", sorted(set(WITH_CONTENT) - {"tl_events_gzip"}))
-def test_a_streamed_answer_is_assembled_into_one_message(fixtures_server, run: str) -> None:
-    stream = scenario_calls(fixtures_server, run)["stream"]
+def test_a_streamed_answer_is_assembled_into_one_message(fixture_runs, run: str) -> None:
+    stream = fixture_runs.calls(run)["stream"]
     assert [m["content"] for m in stream["output_messages"]] == [ANSWER]
     assert stream["finish_reasons"] == ["stop"]
     # the official v2 instrumentation never says whether a call streamed
     assert stream["streaming"] is (None if run.startswith("v2_") else True)
-    assert scenario_calls(fixtures_server, run)["agent_1"]["streaming"] is (
-        None if run.startswith("v2_") else False
-    )
+    agent = fixture_runs.calls(run)["agent_1"]
+    assert agent["streaming"] is (None if run.startswith("v2_") else False)
 
 
 @pytest.mark.parametrize("run", sorted(set(WITH_CONTENT) - {"tl_events_gzip"}))
-def test_a_streamed_tool_call_is_assembled_with_its_arguments(fixtures_server, run: str) -> None:
-    stream_tool = scenario_calls(fixtures_server, run)["stream_tool"]
+def test_a_streamed_tool_call_is_assembled_with_its_arguments(fixture_runs, run: str) -> None:
+    stream_tool = fixture_runs.calls(run)["stream_tool"]
     (message,) = stream_tool["output_messages"]
     assert tool_calls_of(message) == [tool_call("get_weather", {"city": "Paris"})]
     assert message["content"] is None  # the empty leading text part some libraries send is no content
@@ -171,8 +181,8 @@ def test_a_streamed_tool_call_is_assembled_with_its_arguments(fixtures_server, r
 
 
 @pytest.mark.parametrize("run", sorted(DIALECTS))
-def test_n2_gives_two_choices(fixtures_server, run: str) -> None:
-    n2 = scenario_calls(fixtures_server, run)["n2"]
+def test_n2_gives_two_choices(fixture_runs, run: str) -> None:
+    n2 = fixture_runs.calls(run)["n2"]
     assert n2["n_choices"] == 2
     assert n2["finish_reasons"] == ["stop", "stop"]
     if run not in NO_CONTENT:
@@ -181,22 +191,20 @@ def test_n2_gives_two_choices(fixtures_server, run: str) -> None:
 
 
 @pytest.mark.parametrize("run", sorted(DIALECTS))
-def test_a_failed_call_is_an_error_with_its_exception_class(fixtures_server, run: str) -> None:
-    error = scenario_calls(fixtures_server, run)["error"]
+def test_a_failed_call_is_an_error_with_its_exception_class(fixture_runs, run: str) -> None:
+    error = fixture_runs.calls(run)["error"]
     assert error["is_error"] is True
-    assert (
-        error["error_type"] == "NotFoundError"
-    )  # also from util-genai 1.1b0's "<class 'openai.NotFoundError'>"
+    # also from util-genai 1.1b0's "<class 'openai.NotFoundError'>"
+    assert error["error_type"] == "NotFoundError"
     assert error["request_model"] == "does-not-exist"
     assert error["output_messages"] is None and error["n_choices"] is None
-    assert not any(
-        c["is_error"] for name, c in scenario_calls(fixtures_server, run).items() if name != "error"
-    )
+    others = [call for scenario, call in fixture_runs.calls(run).items() if scenario != "error"]
+    assert not any(call["is_error"] for call in others)
 
 
 @pytest.mark.parametrize("run", sorted(DIALECTS))
-def test_request_parameters_and_usage(fixtures_server, run: str) -> None:
-    first = scenario_calls(fixtures_server, run)["agent_1"]
+def test_request_parameters_and_usage(fixture_runs, run: str) -> None:
+    first = fixture_runs.calls(run)["agent_1"]
     assert (first["temperature"], first["top_p"], first["max_tokens"]) == (0.2, 0.9, 128)
     assert first["seed"] == (None if run.startswith("tl_") else 42)  # Traceloop does not record the seed
     assert (first["input_tokens"], first["output_tokens"]) == (25, 21)
@@ -207,16 +215,14 @@ def test_request_parameters_and_usage(fixtures_server, run: str) -> None:
 
 @pytest.mark.parametrize("run", OPENINFERENCE)
 def test_openinference_token_ids_and_logprobs_are_exactly_those_of_the_raw_response(
-    fixtures_server, run
+    fixture_runs, run: str
 ) -> None:
-    instance = run_instance(run)
-    raw = fixtures_server.sql(
+    raw = fixture_runs.server.sql(
         "SELECT span_id, attributes ->> 'output.value' AS response FROM spans "
-        f"WHERE resource_attributes ->> 'service.instance.id' = '{instance}' "
-        "AND attributes ->> 'output.value' IS NOT NULL"
+        f"WHERE {fixture_runs.where(run)} AND attributes ->> 'output.value' IS NOT NULL"
     ).to_pylist()
     responses = {row["span_id"]: json.loads(row["response"]) for row in raw}
-    calls = {c["span_id"]: c for c in run_rows(fixtures_server, "llm_calls", run)}
+    calls = {c["span_id"]: c for c in fixture_runs.rows("llm_calls", run)}
     assert len(responses) == 5  # every call but the failed one
     for span_id, response in responses.items():
         call, choices = calls[span_id], response["choices"]
@@ -232,38 +238,34 @@ def test_openinference_token_ids_and_logprobs_are_exactly_those_of_the_raw_respo
 
 @pytest.mark.parametrize("run", OPENINFERENCE)
 def test_openinference_flattened_attributes_give_the_messages_of_the_request_body(
-    fixtures_server, run
+    fixture_runs, run: str
 ) -> None:
     """The llm.input_messages.N fallback (for spans whose input.value is not JSON) agrees with input.value."""
-    rows = fixtures_server.sql(
+    rows = fixture_runs.server.sql(
         "SELECT to_json(oi_messages(s.attributes, 'llm.input_messages.')) AS flat, c.input_messages "
         "FROM spans s JOIN llm_calls c USING (trace_id, span_id) "
-        f"WHERE s.resource_attributes ->> 'service.instance.id' = '{run_instance(run)}'"
+        f"WHERE s.{fixture_runs.where(run)}"
     ).to_pylist()
     assert len(rows) == 6
     for row in rows:
         assert json.loads(row["flat"]) == json.loads(row["input_messages"])
 
 
-def test_legacy_content_events_are_joined_and_the_unjoinable_ones_counted(fixtures_server) -> None:
-    legacy = scenario_calls(fixtures_server, "v2_ug04_legacy_content")
+def test_legacy_content_events_are_joined_and_the_unjoinable_ones_counted(fixture_runs) -> None:
+    legacy = fixture_runs.calls("v2_ug04_legacy_content")
     assert [m["role"] for m in legacy["agent_2"]["input_messages"]] == ["system", "user", "assistant", "tool"]
-    unjoined = fixtures_server.sql(
+    unjoined = fixture_runs.server.sql(
         "SELECT event_name, reason, body FROM unjoined_events "
-        f"WHERE content_key IN (SELECT content_key FROM logs "
-        f"WHERE resource_attributes ->> 'service.instance.id' = '{run_instance('tl_events_gzip')}')"
+        f"WHERE content_key IN (SELECT content_key FROM logs WHERE {fixture_runs.where('tl_events_gzip')})"
     ).to_pylist()
     # Traceloop emits a streamed call's gen_ai.choice after its span ended: no span context to join by
     assert [(u["event_name"], u["reason"]) for u in unjoined] == [("gen_ai.choice", "no_span_context")] * 2
-    tl_stream = scenario_calls(fixtures_server, "tl_events_gzip")["stream"]
+    tl_stream = fixture_runs.calls("tl_events_gzip")["stream"]
     assert tl_stream["output_messages"] is None and tl_stream["finish_reasons"] == ["stop"]
-    others = (
-        fixtures_server.sql(
-            "SELECT count(*) FROM unjoined_events WHERE content_key IN (SELECT content_key FROM logs "
-            f"WHERE resource_attributes ->> 'service.instance.id' <> '{run_instance('tl_events_gzip')}')"
-        )
-        .column(0)[0]
-        .as_py()
+    all_runs = " OR ".join(fixture_runs.where(run) for run in DIALECTS if run != "tl_events_gzip")
+    others = fixture_runs.server.scalar(
+        "SELECT count(*) FROM unjoined_events "
+        f"WHERE content_key IN (SELECT content_key FROM logs WHERE {all_runs})"
     )
     assert others == 0
 

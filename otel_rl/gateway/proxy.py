@@ -35,11 +35,18 @@ class CallError(Exception):
     """A call that fails before or instead of reaching vLLM; turned into an OpenAI-style error response."""
 
     def __init__(
-        self, status: int, message: str, error_type: str, retry_after_s: float | None = None
+        self,
+        status: int,
+        message: str,
+        error_type: str,
+        retry_after_s: float | None = None,
+        *,
+        span_error_type: str | None = None,
     ) -> None:
         super().__init__(message)
         self.status = status
-        self.error_type = error_type
+        self.error_type = error_type  # what the client reads
+        self.span_error_type = span_error_type or error_type  # the span's error.type
         self.retry_after_s = retry_after_s
 
     def response(self) -> Response:
@@ -126,7 +133,7 @@ class Gateway:
             )
         except CallError as error:
             self.coordinator.release()
-            record.error_type, record.error_message = error.error_type, str(error)
+            record.error_type, record.error_message = error.span_error_type, str(error)
             return self._finish(record, error.response())
         if sent.get("stream") and response.status == 200:
             return self._relay_stream(record, asked, server, response)
@@ -224,14 +231,14 @@ class Gateway:
         return StreamingResponse(relay(), media_type="text/event-stream")
 
     def _upstream_failure(self, record: CallRecord, error: UpstreamError) -> CallError:
-        """The client's error for a transport failure between the gateway and vLLM."""
+        """The client's error for a transport failure between the gateway and vLLM, noted on the record."""
         if error.kind == "timeout":
-            failure = CallError(504, f"the inference server did not answer in time: {error}", "TimeoutError")
-            record.error_type = "upstream_timeout"
+            message = f"the inference server did not answer in time: {error}"
+            failure = CallError(504, message, "TimeoutError", span_error_type="upstream_timeout")
         else:
-            failure = CallError(502, f"the inference server failed mid-call: {error}", "BadGatewayError")
-            record.error_type = "upstream_disconnected"
-        record.error_message = str(failure)
+            message = f"the inference server failed mid-call: {error}"
+            failure = CallError(502, message, "BadGatewayError", span_error_type="upstream_disconnected")
+        record.error_type, record.error_message = failure.span_error_type, message
         return failure
 
     def _finish(self, record: CallRecord, response: Response | None) -> Response | None:

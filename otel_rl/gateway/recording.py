@@ -111,10 +111,17 @@ def _output_attributes(output: CallOutput) -> dict[str, Any]:
         attributes["gen_ai.response.id"] = output.response_id
     if output.response_model:
         attributes["gen_ai.response.model"] = output.response_model
-    if output.input_tokens is not None:
-        attributes["gen_ai.usage.input_tokens"] = output.input_tokens
-    if output.output_tokens is not None:
-        attributes["gen_ai.usage.output_tokens"] = output.output_tokens
+    # A stream carries usage only if the client asked for it; the token ids count the same.
+    input_tokens = output.input_tokens
+    if input_tokens is None and output.prompt_token_ids is not None:
+        input_tokens = len(output.prompt_token_ids)
+    output_tokens = output.output_tokens
+    if output_tokens is None and all(choice.token_ids is not None for choice in output.choices):
+        output_tokens = sum(len(choice.token_ids) for choice in output.choices)
+    if input_tokens is not None:
+        attributes["gen_ai.usage.input_tokens"] = input_tokens
+    if output_tokens is not None:
+        attributes["gen_ai.usage.output_tokens"] = output_tokens
     if output.prompt_token_ids is not None:
         attributes[names.PROMPT_TOKEN_IDS] = packed_ids(output.prompt_token_ids)
     for i, choice in enumerate(output.choices):

@@ -5,6 +5,7 @@ from pathlib import Path
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from pydantic import BaseModel
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from otel_rl.attributes import ATTEMPT_ID, GROUP_ID, SPLIT, TASK_ID
 from otel_rl.auth import Forbidden, Unauthorized
@@ -29,26 +30,39 @@ class PolicyUpdate(BaseModel):
     lora_adapter: str | None = None
 
 
-def gateway_router(gateway: Gateway) -> APIRouter:
-    """The gateway's routes, to include in the `otel-rl serve` app."""
-    router = APIRouter()
+CALL_PATHS = {"/v1/chat/completions": "chat", "/v1/completions": "text_completion"}
 
-    async def relay(operation: str, request: Request) -> Response:
+
+class ModelCallRoutes:
+    """ASGI middleware serving `POST /v1/chat/completions` and `/v1/completions` ahead of FastAPI's router.
+
+    The hot path: FastAPI's routing, dependency solving and exception layers cost about a fifth of the
+    gateway's CPU per call (measured with py-spy), and these two routes need none of them.
+    """
+
+    def __init__(self, app: ASGIApp, gateway: Gateway) -> None:
+        self.app = app
+        self.gateway = gateway
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        operation = CALL_PATHS.get(scope["path"]) if scope["type"] == "http" else None
+        if operation is None or scope["method"] != "POST":
+            await self.app(scope, receive, send)
+            return
+        request = Request(scope, receive)
         try:
-            principal = gateway.principal(request.headers)
-            return await gateway.call(operation, principal, request.headers, await request.body())
+            principal = self.gateway.principal(request.headers)
+            response = await self.gateway.call(operation, principal, request.headers, await request.body())
         except CallError as error:
-            return error.response()
+            response = error.response()
         except (Unauthorized, Forbidden, ValueError) as error:
-            return _refusal(error)
+            response = _refusal(error)
+        await response(scope, receive, send)
 
-    @router.post("/v1/chat/completions")
-    async def chat_completions(request: Request) -> Response:
-        return await relay("chat", request)
 
-    @router.post("/v1/completions")
-    async def completions(request: Request) -> Response:
-        return await relay("text_completion", request)
+def gateway_router(gateway: Gateway) -> APIRouter:
+    """The gateway's other routes, to include in the `otel-rl serve` app (with ModelCallRoutes)."""
+    router = APIRouter()
 
     @router.get("/v1/models")
     async def models(request: Request) -> Response:

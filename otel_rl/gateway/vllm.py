@@ -13,7 +13,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Self
 
@@ -155,7 +155,7 @@ class VLLMServer:
             raise FileNotFoundError(f"{self.model_dir} has no config.json; is it a model folder?")
         self.port = port or _free_port()
         self.served_model_name = served_model_name or self.model_dir.name
-        self._log_path = Path(log_path) if log_path else None
+        self.log_path = Path(log_path) if log_path else None
         self._process: subprocess.Popen[bytes] | None = None
         self._scratch: tempfile.TemporaryDirectory[str] | None = None
 
@@ -163,12 +163,7 @@ class VLLMServer:
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
-    @property
-    def log_path(self) -> Path:
-        assert self._scratch or self._log_path, "the server has not been started"
-        return self._log_path or Path(self._scratch.name) / "vllm.log"
-
-    def command(self, python: Path) -> list[str]:
+    def _command(self, python: Path) -> list[str]:
         return [
             str(python), "-m", "vllm.entrypoints.openai.api_server",
             "--model", str(self.model_dir), "--served-model-name", self.served_model_name,
@@ -176,19 +171,22 @@ class VLLMServer:
         ]  # fmt: skip
 
     def start(self, timeout_s: float = 300.0) -> Self:
-        """Launch the server and wait until /health answers; raises VLLMStartError with the log's end."""
+        """Launch the server, wait for /health, warm it up; raises VLLMStartError with the end of its log."""
         python = vllm_python()
-        self._scratch = tempfile.TemporaryDirectory(prefix="otel-rl-vllm-")
-        scratch = Path(self._scratch.name)
+        if self.log_path is None:  # a temporary log, removed by stop()
+            self._scratch = tempfile.TemporaryDirectory(prefix="otel-rl-vllm-")
+            self.log_path = Path(self._scratch.name) / "vllm.log"
+        # Persistent caches inside the environment: the first request with logprobs compiles a kernel with
+        # torch inductor (≈30-50 s on 2 busy cores); later servers load it from here.
+        caches = python.parent.parent / "runtime-cache"
         env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV")}
-        # vLLM and torch.compile write caches beside the user's home unless told otherwise.
         env |= SERVER_ENV | {
-            "VLLM_CACHE_ROOT": str(scratch / "vllm-cache"),
-            "TORCHINDUCTOR_CACHE_DIR": str(scratch / "inductor-cache"),
+            "VLLM_CACHE_ROOT": str(caches / "vllm"),  # else vLLM writes under ~/.cache/vllm
+            "TORCHINDUCTOR_CACHE_DIR": str(caches / "inductor"),
         }
         with self.log_path.open("wb") as log:
             self._process = subprocess.Popen(
-                self.command(python), stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True
+                self._command(python), stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True
             )
         deadline = time.monotonic() + timeout_s
         while not self.healthy():
@@ -197,11 +195,30 @@ class VLLMServer:
             if time.monotonic() > deadline:
                 raise self._start_failure(f"was not healthy after {timeout_s:g} s")
             time.sleep(0.5)
+        self._warm_up(deadline)
         return self
 
+    def _warm_up(self, deadline: float) -> None:
+        """One sampled request with logprobs, so that its one-time kernel compilation happens here."""
+        body = {
+            "model": self.served_model_name,
+            "prompt": [0],
+            "max_tokens": 2,
+            "logprobs": 1,
+            "temperature": 1,
+        }
+        try:
+            response = httpx.post(
+                f"{self.url}/v1/completions", json=body, timeout=max(deadline - time.monotonic(), 1)
+            )
+            response.raise_for_status()
+        except httpx.HTTPError as error:
+            raise self._start_failure(f"failed its warm-up request ({error})") from error
+
     def _start_failure(self, reason: str) -> VLLMStartError:
+        kept_log = "" if self._scratch else f" ({self.log_path})"  # a temporary log goes with stop()
         error = VLLMStartError(
-            f"vLLM for {self.model_dir} {reason}; end of {self.log_path}:\n{_tail(self.log_path)}"
+            f"vLLM for {self.model_dir} {reason}; end of its log{kept_log}:\n{_tail(self.log_path)}"
         )
         self.stop()
         return error
@@ -213,19 +230,19 @@ class VLLMServer:
             return False
 
     def stop(self, timeout_s: float = 30.0) -> None:
-        """SIGTERM (vLLM then stops its engine and worker), SIGKILL to the process group if that hangs."""
+        """SIGTERM (vLLM then stops its engine and worker), then SIGKILL whatever is left of its processes."""
         if self._process is not None:
             if self._process.poll() is None:
                 self._process.send_signal(signal.SIGTERM)
-                try:
+                with suppress(subprocess.TimeoutExpired):
                     self._process.wait(timeout_s)
-                except subprocess.TimeoutExpired:
-                    os.killpg(self._process.pid, signal.SIGKILL)
-                    self._process.wait()
+            with suppress(ProcessLookupError):  # the group is empty after a clean shutdown
+                os.killpg(self._process.pid, signal.SIGKILL)
+            self._process.wait()
             self._process = None
         if self._scratch is not None:
             self._scratch.cleanup()
-            self._scratch = None
+            self._scratch, self.log_path = None, None
 
     def __enter__(self) -> Self:
         return self.start()

@@ -92,7 +92,9 @@ class GroupCommitWriter:
                 self._pending_bytes = 0
                 if not group and self._closing:
                     return
-            self._commit_group(group)
+            # A caller that gave up (its HTTP client went away) cancelled its future: its rows are not
+            # written, and the others' futures can no longer be cancelled once marked running.
+            self._commit_group([item for item in group if item.done.set_running_or_notify_cancel()])
 
     def _commit_group(self, group: list[_Pending]) -> None:
         try:

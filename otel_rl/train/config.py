@@ -57,6 +57,17 @@ class AlgorithmSettings(_Section):
     max_staleness: int = Field(1, ge=0)  # samples from policy versions older than current - this are dropped
 
 
+class RewardSettings(_Section):
+    """Which `gen_ai.evaluation.result` events are the reward (otel_rl.transforms.RewardSpec)."""
+
+    name: str = "outcome"  # gen_ai.evaluation.name
+    rule: Literal["last", "mean", "max", "sum"] = "last"  # how several rewards of one rollout combine
+    # Only these otel_rl.reward.source values count: the SDK's default inside a harness is "harness", which
+    # the policy can steer; "grader" is an external grader (and /v1/rewards by default).
+    trusted_sources: list[str] = ["grader"]
+    missing: float | None = None  # the reward of a rollout without one; None leaves the rollout out
+
+
 class OnlineSettings(_Section):
     """The harness the rollout controller runs, and how."""
 
@@ -98,6 +109,7 @@ class TrainConfig(_Section):
     server: ServerSettings = ServerSettings()
     optim: OptimSettings = OptimSettings()
     algorithm: AlgorithmSettings = AlgorithmSettings()
+    reward: RewardSettings = RewardSettings()
     online: OnlineSettings = OnlineSettings()
     eval: EvalSettings = EvalSettings()
     offline: OfflineSettings = OfflineSettings()

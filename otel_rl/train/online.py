@@ -604,6 +604,7 @@ class OnlineLoop:
         return oldest_versions(versions, finals)
 
     def _samples(self, groups: list[str], version: int, tokenizer: Any) -> tuple[pl.DataFrame, Any]:
+        from otel_rl.transforms.rewards import RewardSpec
         from otel_rl.transforms.samples import SampleOptions, build_samples
 
         in_groups = f"group_id IN {sql_list(groups)}"
@@ -622,7 +623,9 @@ class OnlineLoop:
             f"SELECT * FROM rewards WHERE rollout_id IN {sql_list(rollouts['rollout_id'].to_list())}"
         )
         calls, rewards = final_attempts_only(calls, rewards, attempts)
+        reward = self.config.reward
         options = SampleOptions(
+            reward=RewardSpec(reward.name, reward.rule, tuple(reward.trusted_sources), reward.missing),
             estimator=self.config.algorithm.advantage_estimator,
             current_policy_version=version,
             max_staleness=self.config.algorithm.max_staleness,

@@ -53,8 +53,15 @@ def _reward(name: str, rule: str, trusted_sources: list[str] | None, missing: fl
 
 
 def _build(
-    where: str, db: Path | None, server: str | None, token: str | None, tokenizer: Path | None, options: Any
-):
+    where: str,
+    db: Path | None,
+    server: str | None,
+    token: str | None,
+    tokenizer: Path | None,
+    options: Any,
+    *,
+    messages: bool,
+) -> tuple[Any, Any, Any]:
     """Read, build and report; errors become a one-line message and exit code 1."""
     from rich.console import Console
 
@@ -65,7 +72,7 @@ def _build(
     try:
         with console.status("reading rollouts, calls and rewards"):
             calls, rollouts, rewards = load_inputs(
-                where, lambda sql: query(sql, db=db, server=server, token=token)
+                where, lambda sql: query(sql, db=db, server=server, token=token), messages=messages
             )
         loaded = None
         if tokenizer is not None:
@@ -122,7 +129,7 @@ def samples_command(
         skip_error_calls=skip_error_calls,
         drift_sample=drift_sample,
     )
-    samples, _, _ = _build(where, db, server, token, tokenizer, options)
+    samples, _, _ = _build(where, db, server, token, tokenizer, options, messages=tokenizer is not None)
     typer.echo(f"wrote {samples.height} samples to {write_parquet(samples, output)}")
 
 
@@ -152,7 +159,7 @@ def sft_command(
         skip_error_calls=skip_error_calls,
         drift_sample=0,
     )
-    samples, calls, _ = _build(where, db, server, token, tokenizer, options)
+    samples, calls, _ = _build(where, db, server, token, tokenizer, options, messages=True)
     try:
         records = sft_records(samples, calls, min_reward)
     except ValueError as exc:

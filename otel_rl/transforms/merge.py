@@ -55,10 +55,10 @@ def _assign_segments(
     pview, cview = memoryview(prompt_bytes), memoryview(completion_bytes)
     call_of = np.repeat(np.arange(len(choice_offsets) - 1), np.diff(choice_offsets)).tolist()
 
-    def prompt_starts_with(call: int, other: int, at: int = 0) -> bool:
+    def prompt_starts_with(call: int, other: int) -> bool:
         return prompt_bytes.startswith(
             pview[prompt_offsets[other] : prompt_offsets[other + 1]],
-            prompt_offsets[call] + at,
+            prompt_offsets[call],
             prompt_offsets[call + 1],
         )
 

@@ -51,15 +51,14 @@ CALL_COLUMNS = (
     "start_time_unix_nano",
     "is_error",
     "finish_reasons",
-    "input_messages",
-    "output_messages",
-    "tool_definitions",
     "prompt_token_ids",
     "completion_token_ids",
     "completion_logprobs",
     "policy_version",
 )
 SHOWN_GROUPS = 20
+# Read only when needed (retokenizing, drift, SFT): normalizing messages is the costly part of llm_calls.
+MESSAGE_COLUMNS = ("input_messages", "output_messages", "tool_definitions")
 REWARD_COLUMNS = ("rollout_id", "span_id", "level", "name", "value", "source", "time")
 
 
@@ -151,6 +150,10 @@ def build_samples(
     `calls` must be grouped by rollout, in time order within one (ORDER BY rollout_id, start_time_unix_nano).
     The tokenizer (a transformers tokenizer with a chat template) is needed only for calls without exact ids.
     """
+    if tokenizer is not None and not set(MESSAGE_COLUMNS) <= set(calls.columns):
+        raise ValueError(
+            "retokenizing needs the calls' messages: load them with load_inputs(..., messages=True)"
+        )
     report = Report(rollouts=rollouts.height)
     calls = calls.filter(pl.col("rollout_id").is_in(rollouts["rollout_id"].implode()))
     report.calls = calls.height
@@ -208,17 +211,21 @@ def build_samples(
 
 
 def load_inputs(
-    where: str, run_query: Callable[[str], pl.DataFrame]
+    where: str, run_query: Callable[[str], pl.DataFrame], *, messages: bool = False
 ) -> tuple[pl.DataFrame, pl.DataFrame, pl.DataFrame]:
     """The rollouts matching `where` (a SQL predicate over the `rollouts` view), their calls and rewards.
 
     `run_query` runs one read-only SQL statement (`otel_rl.query`, or a store's `query_arrow`). Only the
-    columns the pipeline reads are selected, so the views compute nothing else; token lists stay Arrow lists.
+    columns the pipeline reads are selected, token lists arriving as Arrow lists; the calls' messages only
+    with `messages` (needed to retokenize, to measure drift, and for SFT).
     """
-    selected = f"SELECT rollout_id FROM rollouts WHERE ({where})"
     rollouts = run_query(f"SELECT {', '.join(ROLLOUT_COLUMNS)} FROM rollouts WHERE ({where})")
+    # the selected ids as literals: a subquery would evaluate the rollouts view again for each read
+    selected = ", ".join("'" + rollout_id.replace("'", "''") + "'" for rollout_id in rollouts["rollout_id"])
+    selected = selected or "NULL"
+    columns = CALL_COLUMNS + MESSAGE_COLUMNS if messages else CALL_COLUMNS
     calls = run_query(
-        f"SELECT {', '.join(CALL_COLUMNS)} FROM llm_calls WHERE rollout_id IN ({selected})"
+        f"SELECT {', '.join(columns)} FROM llm_calls WHERE rollout_id IN ({selected})"
         " ORDER BY rollout_id, start_time_unix_nano, span_id"
     )
     rewards = run_query(f"SELECT {', '.join(REWARD_COLUMNS)} FROM rewards WHERE rollout_id IN ({selected})")

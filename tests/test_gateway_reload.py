@@ -1,0 +1,191 @@
+"""Weight reloads through the gateway on a real vLLM server, while `openai` clients keep calling."""
+
+import asyncio
+import json
+import uuid
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+import torch
+from fake_vllm import FakeVLLM
+from gateway_server import ADMIN_TOKEN, GatewayServer
+from transformers import AutoModelForCausalLM
+
+from otel_rl.tinymodel import init_model
+
+PROMPTS = ["What is 37 + 48?", "What is 12 * 3?", "What is 90 - 7?", "Add 1 and 2."]
+MAX_TOKENS = 12
+LOGPROB_TOLERANCE = 1e-4
+
+
+@pytest.fixture(scope="module")
+def new_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return init_model(tmp_path_factory.mktemp("checkpoint") / "seed1", seed=1)
+
+
+def reload(gateway: GatewayServer, version: int, checkpoint: Path) -> httpx.Response:
+    body = {"version": version, "checkpoint": str(checkpoint)}
+    return httpx.post(f"{gateway.base_url}/v1/admin/policy", json=body, headers=gateway.admin, timeout=120)
+
+
+def hf_teacher_forced(model, prompt_ids: list[int], completion_ids: list[int]) -> torch.Tensor:
+    """Float32 logprobs of each completion token under `model`, and the greedy tokens at each step."""
+    with torch.no_grad():
+        logits = model(torch.tensor([prompt_ids + completion_ids])).logits[0].log_softmax(-1)
+    return logits[len(prompt_ids) - 1 : -1]
+
+
+async def keep_calling(gateway: GatewayServer, prompt: str, stop: asyncio.Event) -> list:
+    client = openai.AsyncOpenAI(base_url=gateway.url, api_key=ADMIN_TOKEN, max_retries=5)
+    responses = []
+    while not stop.is_set():
+        responses.append(
+            await client.chat.completions.create(
+                model="tiny",
+                messages=[{"role": "user", "content": prompt}],
+                temperature=0,
+                max_tokens=MAX_TOKENS,
+                logprobs=True,
+                extra_body={"return_token_ids": True},
+                extra_headers={"x-otel-rl-rollout-id": f"reload-traffic-{uuid.uuid4().hex[:8]}"},
+            )
+        )
+    await client.close()
+    return responses
+
+
+def test_reload_in_the_middle_of_traffic_switches_every_call_cleanly(
+    vllm_server, tiny_model_dir, new_checkpoint, tmp_path
+):
+    with GatewayServer(tmp_path / "store.duckdb", vllm=[vllm_server.url]) as gateway:
+
+        async def scenario() -> tuple[list, httpx.Response]:
+            stop = asyncio.Event()
+            traffic = asyncio.gather(*(keep_calling(gateway, prompt, stop) for prompt in PROMPTS))
+            await asyncio.sleep(1.5)
+            reloaded = await asyncio.to_thread(reload, gateway, 1, new_checkpoint)
+            await asyncio.sleep(1.5)
+            stop.set()
+            return [r for responses in await traffic for r in responses], reloaded
+
+        try:
+            responses, reloaded = asyncio.run(scenario())  # no call raised: none failed, retries included
+            assert reloaded.status_code == 200, reloaded.text
+            result = reloaded.json()
+            assert (result["version"], result["previous_version"]) == (1, 0)
+            assert [s["ok"] for s in result["servers"]] == [True]
+            after = openai.OpenAI(base_url=gateway.url, api_key=ADMIN_TOKEN).chat.completions.create(
+                model="tiny", messages=[{"role": "user", "content": PROMPTS[0]}], temperature=0,
+                max_tokens=MAX_TOKENS, extra_body={"return_token_ids": True},
+            )  # fmt: skip
+        finally:
+            restored = reload(gateway, 2, tiny_model_dir)  # the session's server serves the base weights
+        assert restored.status_code == 200, restored.text
+        assert restored.json()["servers"][0]["weights_changed"] is True
+
+        models = {0: tiny_model_dir, 1: new_checkpoint}
+        models = {v: AutoModelForCausalLM.from_pretrained(path).eval() for v, path in models.items()}
+        where = "attributes->>'otel_rl.rollout.id' LIKE 'reload-traffic-%'"
+        traffic = gateway.spans(where, expect=len(responses))
+        spans = {s["attributes"]["gen_ai.response.id"]: s for s in traffic}
+        versions = [spans[r.id]["attributes"]["otel_rl.policy.version"] for r in responses]
+        assert {0, 1} <= set(versions), f"traffic did not straddle the reload: versions {set(versions)}"
+        checked = set()
+        for response, version in zip(responses, versions, strict=True):
+            completion_ids = response.choices[0].token_ids
+            assert spans[response.id]["choice_token_ids"] == [completion_ids]
+            key = (version, tuple(response.prompt_token_ids), tuple(completion_ids))
+            if key in checked:
+                continue
+            checked.add(key)
+            # The whole response comes from the weights of the version its span names: greedy tokens and
+            # logprobs equal transformers' float32 forward pass of those weights.
+            reference = hf_teacher_forced(models[version], response.prompt_token_ids, completion_ids)
+            assert reference.argmax(-1).tolist() == completion_ids
+            expected = reference.gather(1, torch.tensor(completion_ids)[:, None])[:, 0]
+            received = torch.tensor([entry.logprob for entry in response.choices[0].logprobs.content])
+            assert (received - expected).abs().max().item() < LOGPROB_TOLERANCE
+
+        after_ids = after.choices[0].token_ids
+        greedy = hf_teacher_forced(models[1], after.prompt_token_ids, after_ids).argmax(-1).tolist()
+        assert after_ids == greedy  # greedy output after the reload is transformers' for the new weights
+
+        [reload_span] = gateway.query(
+            "SELECT attributes FROM spans"
+            " WHERE name = 'otel_rl.reload' AND attributes->>'otel_rl.policy.version' = '1'"
+        ).to_pylist()
+        timings = json.loads(reload_span["attributes"])
+        assert timings["otel_rl.reload.total_ms"] >= timings["otel_rl.reload.reload_ms"] > 0
+        metrics = httpx.get(f"{gateway.base_url}/metrics", timeout=10).text
+        assert 'otel_rl_gateway_reloads_total{outcome="ok"} 2' in metrics
+        assert 'otel_rl_gateway_last_reload_phase_seconds{phase="total"}' in metrics
+
+
+def test_server_failing_a_reload_is_taken_out_and_reported(
+    vllm_server, tiny_model_dir, new_checkpoint, tmp_path
+):
+    with (
+        FakeVLLM() as broken,
+        GatewayServer(tmp_path / "store.duckdb", vllm=[vllm_server.url, broken.base_url]) as gateway,
+    ):
+        try:
+            reloaded = reload(gateway, 1, new_checkpoint)  # the fake has no /pause: its reload fails
+            assert reloaded.status_code == 200, reloaded.text
+            [failed] = [s for s in reloaded.json()["servers"] if not s["ok"]]
+            assert failed["url"] == broken.base_url and "/pause" in failed["error"]
+
+            policy_url = f"{gateway.base_url}/v1/admin/policy"
+            policy = httpx.get(policy_url, headers=gateway.admin, timeout=10).json()
+            assert policy["version"] == 1
+            [out] = [s for s in policy["servers"] if not s["available"]]
+            assert out["url"] == broken.base_url and "version 1" in out["out_reason"]
+            client = openai.OpenAI(base_url=gateway.url, api_key=ADMIN_TOKEN)
+            for n in range(6):  # rollouts that hashing would spread over both servers all go to the live one
+                client.chat.completions.create(
+                    model="tiny", messages=[{"role": "user", "content": "Hi"}], max_tokens=1,
+                    extra_headers={"x-otel-rl-rollout-id": f"taken-out-{n}"},
+                )  # fmt: skip
+            spans = gateway.spans("attributes->>'otel_rl.rollout.id' LIKE 'taken-out-%'", expect=6)
+            assert {s["attributes"]["otel_rl.server.url"] for s in spans} == {vllm_server.url}
+            assert {s["attributes"]["otel_rl.policy.version"] for s in spans} == {1}
+        finally:
+            assert reload(gateway, 2, tiny_model_dir).status_code == 200
+
+
+def test_calls_outliving_the_drain_deadline_are_aborted_and_their_retries_succeed(
+    vllm_server, tiny_model_dir, new_checkpoint, tmp_path
+):
+    with GatewayServer(tmp_path / "store.duckdb", vllm=[vllm_server.url], drain_timeout_s=0.05) as gateway:
+
+        async def long_call(n: int):
+            client = openai.AsyncOpenAI(base_url=gateway.url, api_key=ADMIN_TOKEN, max_retries=3)
+            async with client:
+                return await client.chat.completions.create(
+                    model="tiny", messages=[{"role": "user", "content": PROMPTS[n]}], temperature=0,
+                    max_tokens=480, extra_body={"ignore_eos": True},  # ~0.5 s of decoding
+                    extra_headers={"x-otel-rl-rollout-id": f"long-{n}"},
+                )  # fmt: skip
+
+        async def scenario() -> tuple[list, httpx.Response]:
+            calls = asyncio.gather(*(long_call(n) for n in range(2)))
+            while gateway.gateway.coordinator.in_flight < 2:  # both are generating
+                await asyncio.sleep(0.005)
+            reloaded = await asyncio.to_thread(reload, gateway, 1, new_checkpoint)
+            return await calls, reloaded
+
+        try:
+            responses, reloaded = asyncio.run(scenario())
+        finally:
+            assert reload(gateway, 2, tiny_model_dir).status_code == 200
+        report = reloaded.json()
+        assert report["aborted"] >= 1 and report["in_flight_at_pause"] >= report["aborted"]
+        assert all(len(r.choices[0].message.content or "") > 0 for r in responses)  # the retries succeeded
+        spans = gateway.spans("attributes->>'otel_rl.rollout.id' LIKE 'long-%'", expect=2 + report["aborted"])
+        aborted = [s for s in spans if s["attributes"].get("error.type") == "aborted"]
+        assert len(aborted) == report["aborted"]
+        assert {s["attributes"]["otel_rl.policy.version"] for s in aborted} == {0}
+        served = [s for s in spans if s["status_code"] != 2]
+        assert {s["attributes"]["otel_rl.policy.version"] for s in served} == {1}
+        assert {s["attributes"]["otel_rl.rollout.id"] for s in served} == {"long-0", "long-1"}
