@@ -14,6 +14,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections import Counter
 from pathlib import Path
 
 import httpx
@@ -25,10 +26,11 @@ sys.path.insert(0, str(ROOT / "examples"))
 
 from calc_task import sample_tasks, split_problems, write_tasks  # noqa: E402
 
+from otel_rl.controller import Controller, ControllerSettings, group_rollouts  # noqa: E402
 from otel_rl.gateway.vllm import VLLMServer  # noqa: E402
 from otel_rl.tinymodel import init_model  # noqa: E402
 from otel_rl.train.config import config_from_dict  # noqa: E402
-from otel_rl.train.online import run_online  # noqa: E402
+from otel_rl.train.online import ServerClient, run_online  # noqa: E402
 
 PAUSE_AIM = 0.05
 TOKEN = "bench-admin-token"
@@ -62,6 +64,28 @@ def start_server(workdir: Path, vllm_url: str) -> tuple[subprocess.Popen, str]:
     raise TimeoutError("otel-rl serve did not become healthy in 60 s")
 
 
+def controller_overhead(console: Console, url: str, log_dir: Path, n: int) -> None:
+    """n rollouts of `sleep 2` at once: all in flight together if the controller scales (wall ≈ 2 s)."""
+    client = ServerClient(url, TOKEN)
+    settings = ControllerSettings(command=["sleep", "2"], concurrency=n, timeout_s=120, log_dir=log_dir)
+    controller = Controller(
+        settings,
+        otlp_endpoint=url,
+        openai_base_url=f"{url}/v1",
+        token=TOKEN,
+        issue_key=client.issue_rollout_key,
+    )
+    started = time.perf_counter()
+    results = controller.run(group_rollouts("sleep", {}, n))
+    wall = time.perf_counter() - started
+    controller.close()
+    statuses = Counter(result.status.value for result in results)
+    console.print(
+        f"controller: {n} rollouts of `sleep 2` with concurrency {n}: {wall:.1f} s wall "
+        f"(vs 2 s if all run at once, {2 * n:.0f} s one at a time); statuses {dict(statuses)}"
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -71,6 +95,7 @@ def main() -> None:
     parser.add_argument("--groups", type=int, default=4, help="groups per step")
     parser.add_argument("--max-staleness", type=int, default=1)
     parser.add_argument("--concurrency", type=int, default=8)
+    parser.add_argument("--in-flight", type=int, default=200, help="rollouts at once in the controller check")
     args = parser.parse_args()
     console = Console()
 
@@ -82,6 +107,7 @@ def main() -> None:
         with VLLMServer(model, served_model_name="tiny", log_path=workdir / "vllm.log") as vllm:
             server, url = start_server(workdir, vllm.url)
             try:
+                controller_overhead(console, url, workdir / "sleep", args.in_flight)
                 config = config_from_dict(
                     {
                         "model": str(model),
@@ -149,9 +175,11 @@ def report(console: Console, steps: list, wall_s: float, args: argparse.Namespac
     total_steps_wall = sum(s.wall_s for s in steps)
     pause_share = paused / total_steps_wall
     verdict = "within" if pause_share < PAUSE_AIM else "OVER"
+    drained = sum(s.drain_s for s in steps)
     console.print(
         f"harnesses paused for reloads: {paused:.2f} s of {total_steps_wall:.1f} s = {pause_share:.2%} "
-        f"({verdict} the {PAUSE_AIM:.0%} aim)"
+        f"({verdict} the {PAUSE_AIM:.0%} aim); of which {drained:.2f} s waiting for calls in flight to end, "
+        f"{paused - drained:.2f} s swapping weights ({(paused - drained) / total_steps_wall:.2%})"
     )
     samples = sum(s.samples for s in steady)
     train_s = sum(s.train_s for s in steady)

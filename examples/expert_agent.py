@@ -103,6 +103,7 @@ def main() -> None:
             rewards.append(check(task, final, used_tool))
             r.reward(rewards[-1], explanation=f"final message {final!r}; calc used: {used_tool}")
     telemetry.force_flush()
+    client.close()  # ends the keep-alive connection that the single-threaded server is serving
     server.shutdown()
     print(json.dumps({"rollouts": len(rewards), "mean_reward": sum(rewards) / max(1, len(rewards))}))
 

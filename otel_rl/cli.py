@@ -2,10 +2,12 @@
 
 import typer
 
+from otel_rl.demo import demo_command
 from otel_rl.gateway.vllm import vllm_app
 from otel_rl.query import sql_command
 from otel_rl.server import serve
 from otel_rl.tinymodel import model_app
+from otel_rl.train.cli import train_command
 from otel_rl.transforms.cli import export_app
 
 app = typer.Typer(
@@ -22,3 +24,5 @@ app.command("sql")(sql_command)
 app.add_typer(model_app, name="model")
 app.add_typer(vllm_app, name="vllm")
 app.add_typer(export_app, name="export")
+app.command("train")(train_command)
+app.command("demo")(demo_command)

@@ -167,6 +167,9 @@ def serve(
         f"otel-rl serving [bold]{settings.db}[/]: OTLP/HTTP, query, rewards on http://{host}:{http_port}, "
         f"OTLP/gRPC on {host}:{grpc_port}; admin token from {app.state.token_source}"
     )
+    servers = ", ".join(server.url for server in app.state.gateway.pool.servers) or "none (--model / --vllm)"
+    local = f" (starting vLLM for {settings.model})" if settings.model else ""
+    console.print(f"gateway on http://{host}:{http_port}/v1 → vLLM {servers}{local}")
     # uvicorn turns SIGINT/SIGTERM into a clean shutdown; the lifespan then stops gRPC and closes the store.
     uvicorn.run(app, host=host, port=http_port, log_level="warning", access_log=False)
 

@@ -301,3 +301,15 @@ def test_a_reward_without_the_admin_token_or_with_a_bad_span_id_is_refused(otel_
     )
     assert bad_span.status_code == 422 and "span_id must be 16 hex digits" in bad_span.text
     assert otel_rl_server.counts() == before
+
+
+def test_a_packed_token_attribute_of_the_wrong_length_is_refused_with_400(otel_rl_server) -> None:
+    request, trace_id = spans_request(2)
+    span = request.resource_spans[0].scope_spans[0].spans[1]
+    span.attributes.add(key="otel_rl.prompt_token_ids").value.bytes_value = b"\x01\x00\x00\x00\x02"
+    before = otel_rl_server.counts()
+
+    response = post(otel_rl_server, "/v1/traces", request.SerializeToString(), PROTOBUF)
+
+    assert_refused(response, 400, "not a whole number of 4-byte little-endian values")
+    assert otel_rl_server.counts() == before

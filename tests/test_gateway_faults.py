@@ -9,7 +9,9 @@ import openai
 import pytest
 from fake_vllm import MODEL, FakeVLLM, Fault
 from gateway_server import ADMIN_TOKEN, GatewayServer
+from opentelemetry.sdk.trace import TracerProvider
 
+from otel_rl.gateway.client import UpstreamClient
 from otel_rl.gateway.reload import GatewayPaused, ReloadCoordinator
 from otel_rl.gateway.servers import ServerPool
 
@@ -99,15 +101,31 @@ def test_unreachable_server_gives_a_503_naming_it(tmp_path):
             assert span["attributes"]["error.type"] == "ServiceUnavailableError"
 
 
-def test_call_waiting_longer_than_the_bound_for_a_reload_is_refused_with_retry_after():
+def test_call_waiting_longer_than_the_bound_for_a_reload_is_refused_and_the_stuck_server_taken_out():
     async def scenario() -> None:
+        stuck = await asyncio.start_server(lambda reader, writer: None, "127.0.0.1", 0)  # never answers
+        url = f"http://127.0.0.1:{stuck.sockets[0].getsockname()[1]}"
+        client = UpstreamClient(connect_timeout_s=1, read_timeout_s=1)
+        await client.start()
         coordinator = ReloadCoordinator(
-            ServerPool(()), None, None, pause_wait_s=0.05, drain_timeout_s=1, reload_timeout_s=1
+            ServerPool((url,)),
+            client,
+            TracerProvider().get_tracer("test"),
+            pause_wait_s=0.05,
+            drain_timeout_s=1,
+            reload_timeout_s=0.5,
         )
-        coordinator._open.clear()  # a reload is running
+        reload = asyncio.create_task(coordinator.reload(version=1, checkpoint="/ckpt", lora_adapter=None))
+        await asyncio.sleep(0.01)  # the reload holds the gate: its /pause hangs
         with pytest.raises(GatewayPaused) as raised:
             await coordinator.admit()
         assert raised.value.retry_after_s >= 1
-        assert coordinator.in_flight == 0
+        result = await reload
+        assert [(s.ok, s.error.split(":")[0]) for s in result.servers] == [(False, "UpstreamError")]
+        assert "timeout" in result.servers[0].error
+        assert coordinator.policy.version == 0  # no server took the new weights: nothing switched
+        assert not coordinator.pool.servers[0].available
+        await client.close()
+        stuck.close()
 
     asyncio.run(scenario())

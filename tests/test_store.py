@@ -200,3 +200,25 @@ def test_concurrent_ingest_from_many_threads_stores_everything(store) -> None:
     assert [r.accepted for r in results] == [30] * 40
     assert store.query_arrow("SELECT count(*) AS n FROM spans").to_pylist() == [{"n": 1200}]
     assert store.commits <= 40
+
+
+def test_views_are_recreated_on_open_from_the_first_changed_or_failed_file(tmp_path) -> None:
+    transforms = tmp_path / "transforms"
+    transforms.mkdir()
+    (transforms / "10_a.sql").write_text("CREATE OR REPLACE VIEW a AS SELECT 1 AS v;")
+    (transforms / "20_b.sql").write_text("CREATE OR REPLACE VIEW b AS SELECT nope;")
+    (transforms / "30_c.sql").write_text("CREATE OR REPLACE VIEW c AS SELECT 3 AS v;")
+    db = tmp_path / "views.duckdb"
+
+    with Store(db, transforms_dir=transforms) as store:
+        assert store.views["20_b.sql"] is not None
+    (transforms / "20_b.sql").write_text("CREATE OR REPLACE VIEW b AS SELECT 2 AS v;")
+    (transforms / "30_c.sql").write_text("CREATE OR REPLACE VIEW c AS SELECT 30 AS v;")
+    with Store(db, transforms_dir=transforms) as store:
+        assert store.views == {"10_a.sql": None, "20_b.sql": None, "30_c.sql": None}
+        assert store.query_arrow("SELECT (SELECT v FROM b) AS b, (SELECT v FROM c) AS c").to_pylist() == [
+            {"b": 2, "c": 30}
+        ]
+        store._con.execute("CREATE OR REPLACE VIEW a AS SELECT 'not rerun' AS v")
+    with Store(db, transforms_dir=transforms) as store:
+        assert store.query_arrow("SELECT v FROM a").to_pylist() == [{"v": "not rerun"}]

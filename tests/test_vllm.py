@@ -20,6 +20,15 @@ MESSAGES = [
 LOGPROB_TOLERANCE = 1e-4
 
 
+@pytest.fixture(scope="module", autouse=True)
+def one_torch_thread():
+    """vLLM's worker holds one of the two cores; a second torch thread here would only contend with it."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 @pytest.fixture(scope="module")
 def hf_model(tiny_model_dir: Path):
     return AutoModelForCausalLM.from_pretrained(tiny_model_dir).eval()

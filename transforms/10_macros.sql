@@ -25,8 +25,8 @@ CREATE OR REPLACE MACRO finish_reason(r) AS
         WHEN 'stop_sequence' THEN 'stop'
         ELSE nullif(lower(r), '') END;
 
--- Exception class names without module or repr noise: util-genai 1.1b0 writes "<class 'openai.NotFoundError'>",
--- exception events "openai.NotFoundError"; both become "NotFoundError".
+-- Exception class names without module or repr noise: util-genai 1.1b0 writes
+-- "<class 'openai.NotFoundError'>", exception events "openai.NotFoundError"; both become "NotFoundError".
 CREATE OR REPLACE MACRO error_type_name(e) AS
     coalesce(nullif(regexp_extract(e, '(\w+)''?>?\s*$', 1), ''), nullif(e, ''));
 
@@ -60,7 +60,8 @@ CREATE OR REPLACE MACRO semconv_message(m) AS chat_message(
     m.role,
     coalesce(nullif(parts_text(m.parts, 'text'), ''),
              array_to_string([json_text(p.response) FOR p IN m.parts IF p.type = 'tool_call_response'], '')),
-    [{'id': p.id, 'name': p.name, 'arguments': json_text(p.arguments)} FOR p IN m.parts IF p.type = 'tool_call'],
+    [{'id': p.id, 'name': p.name, 'arguments': json_text(p.arguments)}
+        FOR p IN m.parts IF p.type = 'tool_call'],
     [p.id FOR p IN m.parts IF p.type = 'tool_call_response'][1],
     parts_text(m.parts, 'reasoning')
 );
@@ -69,8 +70,10 @@ CREATE OR REPLACE MACRO semconv_message(m) AS chat_message(
 -- the normalized message has one tool_call_id. System instructions (a separate attribute) come first.
 CREATE OR REPLACE MACRO semconv_input_messages(doc, system_instructions) AS
     CASE WHEN system_instructions IS NOT NULL THEN
-        [chat_message('system', parts_text(from_json(system_instructions, '[{"type": "VARCHAR", "content": "JSON"}]'),
-                                           'text'), NULL, NULL, NULL)]
+        [chat_message('system',
+                      parts_text(from_json(system_instructions, '[{"type": "VARCHAR", "content": "JSON"}]'),
+                                 'text'),
+                      NULL, NULL, NULL)]
     ELSE [] END
     || flatten([
         CASE WHEN len([p FOR p IN m.parts IF p.type = 'tool_call_response']) > 1
@@ -130,7 +133,8 @@ CREATE OR REPLACE MACRO oi_response_of(j) AS from_json(j, '{
 -- Content is a string, null, or a list of parts [{"type": "text", "text": ...}].
 CREATE OR REPLACE MACRO openai_content(c) AS
     CASE json_type(c)
-        WHEN 'ARRAY' THEN array_to_string([p ->> 'text' FOR p IN json_extract(c, '$[*]') IF p ->> 'type' = 'text'], '')
+        WHEN 'ARRAY'
+        THEN array_to_string([p ->> 'text' FOR p IN json_extract(c, '$[*]') IF p ->> 'type' = 'text'], '')
         ELSE json_text(c) END;
 
 CREATE OR REPLACE MACRO openai_tool_calls(calls) AS
@@ -183,7 +187,7 @@ CREATE OR REPLACE MACRO oi_messages(attrs, prefix) AS
 
 -- ---------------------------------------------------------------- time
 
--- OTLP nanoseconds since the json_extract(epoch, TIMESTAMPTZ) (microseconds, exact, whatever the session time zone).
+-- OTLP nanoseconds since the epoch as TIMESTAMPTZ (microseconds, exact, whatever the session time zone).
 CREATE OR REPLACE MACRO ns_time(ns) AS
     CASE WHEN ns > 0 THEN TIMESTAMPTZ '1970-01-01 00:00:00+00' + to_microseconds((ns // 1000)::BIGINT) END;
 

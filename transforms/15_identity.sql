@@ -8,13 +8,15 @@ CREATE OR REPLACE MACRO identity_of(attributes) AS from_json(attributes, '{
 
 CREATE OR REPLACE VIEW span_identity AS
 WITH parsed AS (
-    -- one parse per document for the five keys (each `->>` would parse the whole document again)
+    -- one parse per document for the five keys (each `->>` would parse the whole document again), and
+    -- none for documents without an otel_rl key (a text test is much cheaper than a parse)
     SELECT
         trace_id,
         span_id,
         start_time_unix_nano,
-        identity_of(attributes) AS a,
-        identity_of(resource_attributes) AS r
+        CASE WHEN contains(attributes::VARCHAR, '"otel_rl.') THEN identity_of(attributes) END AS a,
+        CASE WHEN contains(resource_attributes::VARCHAR, '"otel_rl.')
+             THEN identity_of(resource_attributes) END AS r
     FROM spans
 ),
 own AS (

@@ -6,11 +6,14 @@
 -- Typed reads are lenient: a value of another type reads as NULL.
 CREATE OR REPLACE MACRO call_attributes_of(attributes) AS from_json(attributes, '{
     "gen_ai.operation.name": "VARCHAR", "openinference.span.kind": "VARCHAR",
-    "gen_ai.provider.name": "VARCHAR", "gen_ai.system": "VARCHAR", "llm.system": "VARCHAR", "llm.provider": "VARCHAR",
+    "gen_ai.provider.name": "VARCHAR", "gen_ai.system": "VARCHAR",
+    "llm.system": "VARCHAR", "llm.provider": "VARCHAR",
     "gen_ai.request.model": "VARCHAR", "gen_ai.response.model": "VARCHAR", "llm.model_name": "VARCHAR",
     "gen_ai.input.messages": "JSON", "gen_ai.output.messages": "JSON", "gen_ai.system_instructions": "JSON",
-    "gen_ai.tool.definitions": "JSON", "gen_ai.response.finish_reasons": "JSON", "llm.finish_reason": "VARCHAR",
-    "gen_ai.request.temperature": "DOUBLE", "gen_ai.request.top_p": "DOUBLE", "gen_ai.request.max_tokens": "INTEGER",
+    "gen_ai.tool.definitions": "JSON", "gen_ai.response.finish_reasons": "JSON",
+    "llm.finish_reason": "VARCHAR",
+    "gen_ai.request.temperature": "DOUBLE", "gen_ai.request.top_p": "DOUBLE",
+    "gen_ai.request.max_tokens": "INTEGER",
     "gen_ai.request.seed": "BIGINT", "gen_ai.openai.request.seed": "BIGINT",
     "gen_ai.request.choice.count": "INTEGER", "gen_ai.request.n": "INTEGER",
     "gen_ai.request.stream": "BOOLEAN", "gen_ai.is_streaming": "BOOLEAN",
@@ -18,8 +21,10 @@ CREATE OR REPLACE MACRO call_attributes_of(attributes) AS from_json(attributes, 
     "gen_ai.usage.output_tokens": "INTEGER", "gen_ai.usage.completion_tokens": "INTEGER",
     "llm.token_count.prompt": "INTEGER", "llm.token_count.completion": "INTEGER",
     "input.value": "VARCHAR", "output.value": "VARCHAR", "llm.invocation_parameters": "VARCHAR",
-    "error.type": "VARCHAR", "gen_ai.openai.api_base": "VARCHAR", "server.address": "VARCHAR", "server.port": "INTEGER",
-    "otel_rl.policy.version": "INTEGER", "otel_rl.sampling.params": "VARCHAR", "otel_rl.server.url": "VARCHAR"}');
+    "error.type": "VARCHAR", "gen_ai.openai.api_base": "VARCHAR",
+    "server.address": "VARCHAR", "server.port": "INTEGER",
+    "otel_rl.policy.version": "INTEGER", "otel_rl.sampling.params": "VARCHAR",
+    "otel_rl.server.url": "VARCHAR"}');
 
 -- Spans that are model calls: GenAI inference spans (every semconv library and the gateway) and
 -- OpenInference LLM spans. Agent, tool and embedding spans are not calls.
@@ -42,16 +47,20 @@ SELECT
         WHEN a."openinference.span.kind" = 'LLM' THEN 'openinference'
         ELSE 'semconv'  -- refined in llm_call_rows with the content events that joined
     END AS span_dialect
-FROM (SELECT *, call_attributes_of(attributes) AS a FROM spans
-      -- a text test first: spans of neither vocabulary are not parsed
-      WHERE contains(attributes::VARCHAR, 'gen_ai.operation.name')
-         OR contains(attributes::VARCHAR, 'openinference.span.kind'))
-WHERE a."gen_ai.operation.name" IN ('chat', 'text_completion', 'generate_content')
-   OR a."openinference.span.kind" = 'LLM';
+FROM (
+    SELECT *, call_attributes_of(attributes) AS a
+    FROM spans
+    -- a text test first, then one parse of the two keys: only call spans have their attributes parsed whole
+    WHERE (contains(attributes::VARCHAR, 'gen_ai.operation.name')
+           OR contains(attributes::VARCHAR, 'openinference.span.kind'))
+      AND list_has_any(
+          json_extract_string(attributes, ['$."gen_ai.operation.name"', '$."openinference.span.kind"']),
+          ['chat', 'text_completion', 'generate_content', 'LLM'])
+);
 
 -- Log records that carry a call's content: the legacy per-message events (official v2 legacy path,
--- Traceloop with use_attributes=False) and the latest semconv operation-details record (util-genai event_only /
--- span_and_event).
+-- Traceloop with use_attributes=False) and the latest semconv operation-details record (util-genai
+-- event_only / span_and_event).
 CREATE OR REPLACE VIEW genai_content_events AS
 SELECT
     *,
@@ -93,7 +102,8 @@ SELECT
     count(*) FILTER (WHERE event_dialect = 'legacy_events') AS n_legacy_events,
     count(*) FILTER (WHERE event_dialect = 'semconv_event') AS n_details_events,
     list(openai_message(openai_message_of(body), regexp_extract(event_name, '^gen_ai\.(\w+)\.message$', 1))
-         ORDER BY seq) FILTER (WHERE event_dialect = 'legacy_events' AND event_name <> 'gen_ai.choice') AS legacy_input,
+         ORDER BY seq)
+        FILTER (WHERE event_dialect = 'legacy_events' AND event_name <> 'gen_ai.choice') AS legacy_input,
     list(openai_output_message(openai_choice_of(body)) ORDER BY TRY_CAST(body ->> 'index' AS INTEGER), seq)
         FILTER (WHERE event_name = 'gen_ai.choice') AS legacy_output,
     arg_max(attributes, seq) FILTER (WHERE event_dialect = 'semconv_event') AS details
@@ -105,14 +115,13 @@ GROUP BY trace_id, span_id;
 -- gateway row. The client span is the gateway span's parent or grandparent when the trace context was
 -- propagated, or else a client call of the same rollout whose time range contains the gateway span.
 -- Maps each superseded client call to its gateway call.
+-- Maps each superseded client span to its gateway call; computed from span ids, times and identity only
+-- (matches on spans that are not calls, such as an HTTP span or the rollout's own, are never looked up).
 CREATE OR REPLACE VIEW llm_call_superseded AS
-WITH calls AS (
-    SELECT s.trace_id, s.span_id, s.parent_span_id, s.span_dialect, s.start_time_unix_nano,
-           s.end_time_unix_nano, i.rollout_id
-    FROM llm_call_spans s LEFT JOIN span_identity i USING (trace_id, span_id)
-),
-gateway_calls AS (
-    SELECT * FROM calls WHERE span_dialect = 'gateway'
+WITH gateway_calls AS (
+    SELECT s.trace_id, s.span_id, s.parent_span_id, s.start_time_unix_nano, s.end_time_unix_nano, i.rollout_id
+    FROM spans s LEFT JOIN span_identity i USING (trace_id, span_id)
+    WHERE s.scope_name = 'otel_rl.gateway'
 ),
 matches AS (
     SELECT g.trace_id AS client_trace_id, g.parent_span_id AS client_span_id, g.trace_id, g.span_id
@@ -122,18 +131,18 @@ matches AS (
     FROM gateway_calls g JOIN spans p ON p.trace_id = g.trace_id AND p.span_id = g.parent_span_id
     UNION ALL
     SELECT c.trace_id, c.span_id, g.trace_id, g.span_id
-    FROM calls c JOIN gateway_calls g
-      ON c.rollout_id = g.rollout_id
+    FROM spans c
+    JOIN span_identity i USING (trace_id, span_id)
+    JOIN gateway_calls g
+      ON i.rollout_id = g.rollout_id
      AND c.start_time_unix_nano <= g.start_time_unix_nano AND g.end_time_unix_nano <= c.end_time_unix_nano
-    WHERE c.span_dialect <> 'gateway'
+    WHERE c.scope_name IS DISTINCT FROM 'otel_rl.gateway'
 )
 SELECT
-    m.client_trace_id AS trace_id,
-    m.client_span_id AS span_id,
-    min({'trace_id': m.trace_id, 'span_id': m.span_id}) AS gateway_call
-FROM matches m
--- only client rows that are calls themselves (a parent may be an HTTP or agent span)
-SEMI JOIN calls c ON c.trace_id = m.client_trace_id AND c.span_id = m.client_span_id AND c.span_dialect <> 'gateway'
+    client_trace_id AS trace_id,
+    client_span_id AS span_id,
+    min({'trace_id': trace_id, 'span_id': span_id}) AS gateway_call
+FROM matches
 GROUP BY ALL;
 
 -- Every model call row, including client rows that a gateway row supersedes.
@@ -150,7 +159,8 @@ WITH calls AS (
         -- span_and_event is not counted twice.
         CASE
             WHEN s.span_dialect <> 'semconv' THEN s.span_dialect
-            WHEN s.a."gen_ai.input.messages" IS NOT NULL OR s.a."gen_ai.output.messages" IS NOT NULL THEN 'semconv'
+            WHEN s.a."gen_ai.input.messages" IS NOT NULL OR s.a."gen_ai.output.messages" IS NOT NULL
+            THEN 'semconv'
             WHEN e.n_details_events > 0 THEN 'semconv_event'
             WHEN e.n_legacy_events > 0 THEN 'legacy_events'
             ELSE 'semconv'
@@ -164,7 +174,8 @@ WITH calls AS (
         try(oi_response_of(s.a."output.value")) AS oi_response,
         try(json(s.a."llm.invocation_parameters")) AS oi_params,
         json_extract_string(s.events, '$[*].name') AS event_names,
-        g.gateway_call
+        -- a gateway row is never superseded
+        CASE WHEN s.span_dialect <> 'gateway' THEN g.gateway_call END AS gateway_call
     FROM llm_call_spans s
     LEFT JOIN llm_call_events e USING (trace_id, span_id)
     LEFT JOIN call_tokens t USING (trace_id, span_id)
@@ -221,25 +232,27 @@ normalized AS (
             nullif([c.finish_reason FOR c IN oi_response.choices], []),
             CASE WHEN a."llm.finish_reason" IS NOT NULL THEN [a."llm.finish_reason"] END
         ) AS attribute_finish_reasons,
-        coalesce(a."gen_ai.request.choice.count", a."gen_ai.request.n", TRY_CAST(oi_params ->> 'n' AS INTEGER))
-            AS requested_choices,
+        coalesce(a."gen_ai.request.choice.count", a."gen_ai.request.n",
+                 TRY_CAST(oi_params ->> 'n' AS INTEGER)) AS requested_choices,
 
-        coalesce(a."gen_ai.request.temperature", TRY_CAST(oi_params ->> 'temperature' AS DOUBLE)) AS temperature,
+        coalesce(a."gen_ai.request.temperature",
+                 TRY_CAST(oi_params ->> 'temperature' AS DOUBLE)) AS temperature,
         coalesce(a."gen_ai.request.top_p", TRY_CAST(oi_params ->> 'top_p' AS DOUBLE)) AS top_p,
         coalesce(a."gen_ai.request.max_tokens", TRY_CAST(oi_params ->> 'max_tokens' AS INTEGER),
                  TRY_CAST(oi_params ->> 'max_completion_tokens' AS INTEGER)) AS max_tokens,
-        coalesce(a."gen_ai.request.seed", a."gen_ai.openai.request.seed", TRY_CAST(oi_params ->> 'seed' AS BIGINT))
-            AS seed,
+        coalesce(a."gen_ai.request.seed", a."gen_ai.openai.request.seed",
+                 TRY_CAST(oi_params ->> 'seed' AS BIGINT)) AS seed,
         coalesce(a."gen_ai.usage.input_tokens", a."gen_ai.usage.prompt_tokens", a."llm.token_count.prompt")
             AS input_tokens,
-        coalesce(a."gen_ai.usage.output_tokens", a."gen_ai.usage.completion_tokens", a."llm.token_count.completion")
-            AS output_tokens,
+        coalesce(a."gen_ai.usage.output_tokens", a."gen_ai.usage.completion_tokens",
+                 a."llm.token_count.completion") AS output_tokens,
 
         -- Only some libraries say whether a call streamed; the official v2 never does (NULL: unknown).
         coalesce(
             a."gen_ai.request.stream",
             a."gen_ai.is_streaming",
-            CASE WHEN dialect = 'openinference' THEN coalesce(TRY_CAST(oi_params ->> 'stream' AS BOOLEAN), false) END,
+            CASE WHEN dialect = 'openinference'
+                 THEN coalesce(TRY_CAST(oi_params ->> 'stream' AS BOOLEAN), false) END,
             CASE WHEN list_contains(event_names, 'gen_ai.content.completion.chunk') THEN true END
         ) AS streaming,
 
@@ -253,8 +266,8 @@ normalized AS (
         -- Token data: the gateway's packed arrays, or the raw vLLM response that OpenInference keeps.
         CASE WHEN dialect = 'gateway' THEN gw_prompt_token_ids ELSE oi_response.prompt_token_ids END
             AS prompt_token_ids,
-        CASE WHEN dialect = 'gateway' THEN gw_choice_token_ids ELSE [c.token_ids FOR c IN oi_response.choices] END
-            AS completion_token_ids_raw,
+        CASE WHEN dialect = 'gateway' THEN gw_choice_token_ids
+             ELSE [c.token_ids FOR c IN oi_response.choices] END AS completion_token_ids_raw,
         CASE WHEN dialect = 'gateway' THEN gw_choice_logprobs
              ELSE [[t.logprob FOR t IN c.logprobs.content] FOR c IN oi_response.choices] END
             AS completion_logprobs_raw,
@@ -292,10 +305,11 @@ SELECT
     to_json(nullif(c.input_messages_list, [])) AS input_messages,
     to_json(nullif(c.output_messages_list, [])) AS output_messages,
     c.tool_definitions,
-    coalesce(len(nullif(c.output_messages_list, [])), len(c.attribute_finish_reasons), c.requested_choices)::INTEGER
-        AS n_choices,
+    coalesce(len(nullif(c.output_messages_list, [])), len(c.attribute_finish_reasons),
+             c.requested_choices)::INTEGER AS n_choices,
     -- One per choice: from the output messages when they carry them, else the span attribute (streamed
-    -- official-v2 calls have them only in the messages; OpenInference's attribute has the first choice's only).
+    -- official-v2 calls have them only in the messages; OpenInference's attribute has the first choice's
+    -- only).
     CASE WHEN list_bool_or([m.finish_reason IS NOT NULL FOR m IN c.output_messages_list])
          THEN [m.finish_reason FOR m IN c.output_messages_list]
          WHEN list_bool_or([finish_reason(r) IS NOT NULL FOR r IN c.attribute_finish_reasons])
@@ -312,10 +326,10 @@ SELECT
     c.error_type,
     c.dialect,
     c.prompt_token_ids,
-    CASE WHEN list_bool_or([t IS NOT NULL FOR t IN c.completion_token_ids_raw]) THEN c.completion_token_ids_raw END
-        AS completion_token_ids,
-    CASE WHEN list_bool_or([l IS NOT NULL FOR l IN c.completion_logprobs_raw]) THEN c.completion_logprobs_raw END
-        AS completion_logprobs,
+    CASE WHEN list_bool_or([t IS NOT NULL FOR t IN c.completion_token_ids_raw])
+         THEN c.completion_token_ids_raw END AS completion_token_ids,
+    CASE WHEN list_bool_or([l IS NOT NULL FOR l IN c.completion_logprobs_raw])
+         THEN c.completion_logprobs_raw END AS completion_logprobs,
     c.policy_version,
     c.sampling_params,
     c.server_url,

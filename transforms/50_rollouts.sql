@@ -13,8 +13,10 @@ controller_attempts AS (
         rollout_id,
         arg_max(attempt_id, start_time_unix_nano) AS attempt_id,
         arg_max(coalesce(attributes ->> 'otel_rl.rollout.status',
-                         CASE WHEN status_code = 2 THEN 'error' ELSE 'ok' END), start_time_unix_nano) AS status,
-        arg_max(TRY_CAST(attributes ->> 'otel_rl.rollout.exit_code' AS INTEGER), start_time_unix_nano) AS exit_code
+                         CASE WHEN status_code = 2 THEN 'error' ELSE 'ok' END),
+                start_time_unix_nano) AS status,
+        arg_max(TRY_CAST(attributes ->> 'otel_rl.rollout.exit_code' AS INTEGER),
+                start_time_unix_nano) AS exit_code
     FROM rollout_spans
     WHERE scope_name = 'otel_rl.controller' AND name = 'otel_rl.rollout'
     GROUP BY rollout_id

@@ -125,7 +125,7 @@ Blake2b = type(hashlib.blake2b())
 
 
 def _any_value(v: AnyValue) -> object:
-    """AnyValue -> the plain Python value json.dumps writes as the contract's JSON (bytes -> base64)."""
+    """AnyValue -> the plain Python value that serializes to the contract's JSON (bytes -> base64)."""
     kind = v.WhichOneof("value")
     if kind == "string_value":
         return v.string_value

@@ -146,6 +146,7 @@ class Controller:
 
     def run(self, rollouts: Sequence[Rollout]) -> list[RolloutResult]:
         """Run all rollouts (at most concurrency at a time) and wait until their spans are exported."""
+        self._slots = None  # a new event loop needs its own semaphore
         results = asyncio.run(self.run_async(rollouts))
         self.flush()
         return results

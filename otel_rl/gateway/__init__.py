@@ -1,0 +1,1 @@
+"""The OpenAI-compatible gateway in front of vLLM: routing, call recording, rollout keys, weight reloads."""

@@ -127,25 +127,29 @@ class Gateway:
         forced = self.settings.split_sampling.get(identity.get(SPLIT, ""), {})
         sent, asked = upstream_body(operation, body, forced, policy.served_model)
         record = CallRecord(operation, body, sent, identity, parent, policy.version, time.time_ns())
+        relaying = False  # a relayed stream releases its admission when it ends
         try:
-            server, response = await self._send(
-                PATHS[operation], orjson.dumps(sent), identity.get(ROLLOUT_ID), record
-            )
-        except CallError as error:
-            self.coordinator.release()
-            record.error_type, record.error_message = error.span_error_type, str(error)
-            return self._finish(record, error.response())
-        if sent.get("stream") and response.status == 200:
-            return self._relay_stream(record, asked, server, response)
-        try:
-            content = await self.client.read(response)
-        except UpstreamError as error:
-            return self._finish(record, self._upstream_failure(record, error).response())
+            try:
+                server, response = await self._send(
+                    PATHS[operation], orjson.dumps(sent), identity.get(ROLLOUT_ID), record
+                )
+            except CallError as error:
+                record.error_type, record.error_message = error.span_error_type, str(error)
+                return self._finish(record, error.response())
+            if sent.get("stream") and response.status == 200:
+                relaying = True
+                return self._relay_stream(record, asked, server, response)
+            try:
+                content = await self.client.read(response)
+            except UpstreamError as error:
+                return self._finish(record, self._upstream_failure(record, error).response())
+            finally:
+                response.release()
+                server.in_flight -= 1
+            return self._finish(record, self._answer(record, asked, response.status, content))
         finally:
-            response.release()
-            server.in_flight -= 1
-            self.coordinator.release()
-        return self._finish(record, self._answer(record, asked, response.status, content))
+            if not relaying:
+                self.coordinator.release()
 
     async def _send(
         self, path: str, content: bytes, rollout_id: str | None, record: CallRecord
@@ -168,6 +172,9 @@ class Gateway:
                 server.healthy = False
                 log.warning("inference server %s refused a connection; marked unhealthy", server.url)
                 tried += (server,)
+            except BaseException:  # cancelled: the call is not in flight any more
+                server.in_flight -= 1
+                raise
 
     def _answer(self, record: CallRecord, asked: ClientAsked, status: int, content: bytes) -> Response:
         """The client's response to a non-streaming call, and its outcome on the record."""

@@ -1,7 +1,9 @@
 """The DuckDB store: one file holding the raw OTLP tables, the normalized views and rollout keys."""
 
+import hashlib
 import logging
 import threading
+import time
 from concurrent.futures import Future
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -17,7 +19,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 
 from otel_rl.collector import flatten
 from otel_rl.store.readonly import check_read_only
-from otel_rl.store.writer import Batch, GroupCommitWriter
+from otel_rl.store.writer import Batch, GroupCommitWriter, Saturated
 
 log = logging.getLogger(__name__)
 
@@ -30,6 +32,11 @@ DEDUP_KEYS = {
     "rollout_keys": ("key_hash",),
 }
 _STORE_TABLES_SQL = """
+CREATE TABLE IF NOT EXISTS view_sources (   -- the transforms/*.sql files whose views are in place
+    position    INTEGER NOT NULL,
+    file        VARCHAR NOT NULL,
+    sha256      VARCHAR NOT NULL
+);
 CREATE TABLE IF NOT EXISTS rollout_keys (
     key_hash    VARCHAR NOT NULL,   -- sha256 of the key: the key itself is never stored
     rollout_id  VARCHAR NOT NULL,
@@ -100,7 +107,7 @@ class Store:
         return self._writer.commits
 
     def ingest_traces(self, request: ExportTraceServiceRequest) -> IngestResult:
-        """Store an ExportTraceServiceRequest durably (blocks until committed)."""
+        """Store an ExportTraceServiceRequest durably (blocks until committed, waits while saturated)."""
         return self._ingest(self.traces_batch(request), "spans")
 
     def ingest_logs(self, request: ExportLogsServiceRequest) -> IngestResult:
@@ -112,7 +119,14 @@ class Store:
         return self._ingest(self.metrics_batch(request), "metric_points")
 
     def _ingest(self, batch: Batch, main_table: str) -> IngestResult:
-        self.submit(batch).result()
+        # In-process producers have no retry logic of their own: a full queue makes them wait, not fail.
+        while True:
+            try:
+                future = self.submit(batch)
+                break
+            except Saturated:
+                time.sleep(0.01)
+        future.result()
         return IngestResult(accepted=batch[main_table].num_rows)
 
     def add_rollout_key(self, key_hash: str, rollout_id: str) -> None:
@@ -187,18 +201,40 @@ def default_transforms_dir() -> Path:
 def create_views(con: duckdb.DuckDBPyConnection, transforms_dir: Path) -> dict[str, str | None]:
     """(Re)create the views of each `*.sql` file in `transforms_dir` in file-name order.
 
-    Returns each file's error (None when it worked). A broken view file is logged, not fatal: ingest
-    does not depend on views, and the store must keep taking data while someone fixes the SQL.
+    Returns each file's error (None when it worked). Files are run from the first one that changed (or
+    failed) since the last open: binding the views takes seconds, and restarts should not. A broken
+    view file is logged, not fatal: ingest does not depend on views, and the store must keep taking
+    data while someone fixes the SQL.
     """
     files = sorted(transforms_dir.glob("*.sql")) if transforms_dir.is_dir() else []
-    outcome: dict[str, str | None] = {}
-    for file in files:
+    sources = [(file.name, hashlib.sha256(file.read_bytes()).hexdigest()) for file in files]
+    created = con.execute("SELECT file, sha256 FROM view_sources ORDER BY position").fetchall()
+    unchanged = 0
+    while unchanged < min(len(sources), len(created)) and sources[unchanged] == tuple(created[unchanged]):
+        unchanged += 1
+    outcome: dict[str, str | None] = {name: None for name, _ in sources[:unchanged]}
+    for file in files[unchanged:]:
         try:
             con.execute(file.read_text())
             outcome[file.name] = None
         except duckdb.Error as exc:
             log.error("views of %s were not created: %s", file, exc)
             outcome[file.name] = str(exc)
+    # Remember the files in place, up to the first that failed: the next open starts there.
+    first_failed = next((i for i, (name, _) in enumerate(sources) if outcome[name]), len(sources))
+    in_place = pa.table(
+        {
+            "position": pa.array(range(first_failed), pa.int32()),
+            "file": [name for name, _ in sources[:first_failed]],
+            "sha256": [digest for _, digest in sources[:first_failed]],
+        }
+    )
+    con.execute("BEGIN TRANSACTION")
+    con.execute("DELETE FROM view_sources")
+    con.register("in_place", in_place)
+    con.execute("INSERT INTO view_sources SELECT * FROM in_place")
+    con.unregister("in_place")
+    con.execute("COMMIT")
     return outcome
 
 

@@ -21,6 +21,7 @@ class ServerSettings(_Section):
 
     url: str = "http://127.0.0.1:4318"
     token: str | None = None  # None: read `.otel_rl/token`, as written by `otel-rl serve`
+    db: Path | None = None  # offline modes without a running server: read this DuckDB file instead
     vllm_urls: list[str] = []  # vLLM servers behind the gateway, when otel-rl starts the server itself
 
 
@@ -84,15 +85,15 @@ class EvalSettings(_Section):
 
     tasks: Path | None = None  # JSONL of val tasks; None disables evaluation
     every: int = Field(0, ge=0)  # steps between evaluations; 0: only before the first and after the last
-    env: dict[str, str] = {}  # extra environment for eval runs (e.g. the harness's temperature)
     harness: str | list[str] | None = None  # the eval command (e.g. greedy flags); None: online.harness
+    env: dict[str, str] = {}  # extra environment for eval runs, over online.env
 
 
 class OfflineSettings(_Section):
     """Training from rollouts already in the store."""
 
     where: str | None = None  # SQL predicate over the `rollouts` view (offline RL)
-    min_reward: float | None = None  # SFT keeps rollouts whose outcome reward is at least this
+    min_reward: float | None = None  # SFT keeps rollouts whose outcome reward is at least this (None: all)
     sft_batch_size: int = Field(32, ge=1)  # conversations per SFT step
 
 
@@ -138,11 +139,6 @@ class TrainConfig(_Section):
         """Raise ConfigError unless offline RL has its rollout filter."""
         if not self.offline.where:
             raise ConfigError("offline RL needs a rollout filter: `--where` or `offline.where`")
-
-    def require_sft(self) -> None:
-        """Raise ConfigError unless SFT has its reward threshold."""
-        if self.offline.min_reward is None:
-            raise ConfigError("SFT needs a reward threshold: `--min-reward` or `offline.min_reward`")
 
 
 def _require_file(path: Path, field: str) -> None:

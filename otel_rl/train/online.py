@@ -6,6 +6,7 @@ import asyncio
 import json
 import os
 import random
+import signal
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
@@ -29,6 +30,10 @@ STATE_FILE = "online_state.json"  # in each step-N checkpoint: what a restart re
 RUN_FILE = "run.json"  # in output_dir: the run's id, the prefix of its group ids
 STORE_WAIT_S = 120.0  # how long a finished rollout's spans may take to reach the store
 POLL_S = 0.2
+
+
+class OnlineTrainingError(RuntimeError):
+    """The online loop cannot go on; the message says what to check."""
 
 
 # --- tasks ----------------------------------------------------------------------------------------------
@@ -99,15 +104,15 @@ def final_attempts_only(
     return calls, rewards
 
 
-def oldest_versions(calls: pl.DataFrame, groups: Mapping[str, str]) -> dict[str, int | None]:
+def oldest_versions(attempts: pl.DataFrame, groups: Mapping[str, str]) -> dict[str, int | None]:
     """The oldest policy version that sampled any call of each group (None: no call recorded one).
 
-    `calls` has `attempt_id` and `policy_version`; `groups` maps attempt ids to group ids.
+    `attempts` has `attempt_id` and `policy_version` (its oldest call's); `groups` maps attempt ids to groups.
     """
-    attempts = pl.DataFrame({"attempt_id": list(groups), "group_id": list(groups.values())})
-    calls = calls.select(pl.col("attempt_id").cast(pl.String), pl.col("policy_version").cast(pl.Int64))
+    members = pl.DataFrame({"attempt_id": list(groups), "group_id": list(groups.values())})
+    versions = attempts.select(pl.col("attempt_id").cast(pl.String), pl.col("policy_version").cast(pl.Int64))
     oldest = (
-        attempts.join(calls, on="attempt_id", how="left").group_by("group_id").agg(pl.min("policy_version"))
+        members.join(versions, on="attempt_id", how="left").group_by("group_id").agg(pl.min("policy_version"))
     )
     return dict(oldest.iter_rows())
 
@@ -144,6 +149,36 @@ def sql_list(values: Sequence[str]) -> str:
     return "(" + ", ".join("'" + value.replace("'", "''") + "'" for value in values) + ")"
 
 
+# The loop reads the controller's and the gateway's spans directly where it needs one attempt's facts
+# (the `rollouts` view has one row per rollout) or only a few fields cheaply, while rollouts run.
+
+
+def attempt_progress_sql(attempt_ids: Sequence[str]) -> str:
+    """Per attempt: whether its controller status span arrived, and its oldest call's policy version."""
+    return (
+        f"SELECT attributes ->> '{attr.ATTEMPT_ID}' AS attempt_id, "
+        f"bool_or(scope_name = '{attr.CONTROLLER_SCOPE}') AS finished, "
+        f"min(TRY_CAST(attributes ->> '{attr.POLICY_VERSION}' AS INTEGER)) "
+        f"FILTER (WHERE scope_name = '{attr.GATEWAY_SCOPE}') AS policy_version "
+        f"FROM spans WHERE scope_name IN ('{attr.CONTROLLER_SCOPE}', '{attr.GATEWAY_SCOPE}') "
+        f"AND attributes ->> '{attr.ATTEMPT_ID}' IN {sql_list(attempt_ids)} GROUP BY 1"
+    )
+
+
+def final_attempts_sql(group_ids: Sequence[str]) -> str:
+    """Per rollout of the groups: its final attempt as the controller recorded it, and when it started."""
+    return (
+        f"SELECT attributes ->> '{attr.ROLLOUT_ID}' AS rollout_id, "
+        f"arg_max(attributes ->> '{attr.ATTEMPT_ID}', start_time_unix_nano) AS final_attempt, "
+        f"any_value(attributes ->> '{attr.GROUP_ID}') AS group_id, "
+        f"any_value(attributes ->> '{attr.TASK_ID}') AS task_id, "
+        f"arg_max(attributes ->> '{attr.ROLLOUT_STATUS}', start_time_unix_nano) AS status, "
+        "max(start_time_unix_nano) AS attempt_start_ns "
+        f"FROM spans WHERE scope_name = '{attr.CONTROLLER_SCOPE}' AND name = '{attr.ROLLOUT_SPAN_NAME}' "
+        f"AND attributes ->> '{attr.GROUP_ID}' IN {sql_list(group_ids)} GROUP BY 1"
+    )
+
+
 # --- the server -----------------------------------------------------------------------------------------
 
 
@@ -172,13 +207,13 @@ class ServerClient:
             "task_id": identity[attr.TASK_ID],
             "split": identity[attr.SPLIT],
         }
-        response = self._http.post(f"/v1/admin/rollouts/{identity[attr.ROLLOUT_ID]}/key", json=body)
+        response = self._request("POST", f"/v1/admin/rollouts/{identity[attr.ROLLOUT_ID]}/key", json=body)
         _raise_for_status(response, "issue a rollout key")
         return response.json()["key"]
 
     def policy(self) -> dict[str, Any]:
         """The gateway's current policy: `version`, `checkpoint`, servers, the last reload."""
-        response = self._http.get("/v1/admin/policy")
+        response = self._request("GET", "/v1/admin/policy")
         _raise_for_status(response, "read the gateway's policy")
         return response.json()
 
@@ -188,9 +223,18 @@ class ServerClient:
         Returns the reload's report (phases in milliseconds: drain, reload, ..., total = time paused).
         """
         body = {"checkpoint": str(Path(checkpoint).resolve()), "version": version}
-        response = self._http.post("/v1/admin/policy", json=body)
+        response = self._request("POST", "/v1/admin/policy", json=body)
         _raise_for_status(response, f"reload the policy from {checkpoint}")
         return response.json()
+
+    def _request(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
+        try:
+            return self._http.request(method, path, **kwargs)
+        except httpx.TransportError as error:
+            raise OnlineTrainingError(
+                f"cannot reach the otel-rl server at {self.url} ({error}): start `otel-rl serve --vllm URL` "
+                "or set server.url"
+            ) from None
 
     def close(self) -> None:
         self._http.close()
@@ -198,7 +242,7 @@ class ServerClient:
 
 def _raise_for_status(response: httpx.Response, action: str) -> None:
     if response.status_code >= 400:
-        raise RuntimeError(f"could not {action}: HTTP {response.status_code} {response.text[:500]}")
+        raise OnlineTrainingError(f"could not {action}: HTTP {response.status_code} {response.text[:500]}")
 
 
 def server_token(config: TrainConfig) -> str:
@@ -238,7 +282,8 @@ class StepRecord:
     train_s: float
     save_s: float
     reload_s: float
-    paused_s: float  # how long the gateway held the harnesses' calls for the reload
+    paused_s: float  # how long the gateway held new harness calls for the reload
+    drain_s: float  # of which: waiting for the calls in flight to finish before swapping weights
     wall_s: float
     trainer: dict[str, float] = field(default_factory=dict)  # the trainer's metrics (loss, mismatch, ...)
 
@@ -287,6 +332,7 @@ class RunRecorder:
         }
         attributes |= {f"{attr.TRAIN_PREFIX}trainer.{key}": value for key, value in trainer.items()}
         self._tracer.start_span(name, attributes=attributes, start_time=started_ns).end()
+        self._provider.force_flush()
 
     def close(self) -> None:
         self._provider.shutdown()
@@ -472,7 +518,7 @@ class OnlineLoop:
 
     def _reusable_groups(self) -> list[str]:
         rows = self.client.query(
-            "SELECT rollout_id, attempt_id, group_id, status, started_at, ended_at, policy_version_min "
+            "SELECT group_id, status, ended_at, policy_version_min "
             f"FROM rollouts WHERE split = 'train' AND starts_with(group_id, '{self.run_id}-')"
         )
         oldest = self.state.version - self.config.algorithm.max_staleness
@@ -508,7 +554,7 @@ class OnlineLoop:
             empty_rounds += 1
             self.console.print(f"[yellow]{len(groups)} groups gave no samples: {report.dropped_rollouts}")
             if empty_rounds == 3:
-                raise RuntimeError(
+                raise OnlineTrainingError(
                     "three batches of groups in a row gave no samples; see the `rollouts` view and the "
                     f"harness logs in {self.config.output_dir / 'rollouts'}"
                 )
@@ -544,10 +590,12 @@ class OnlineLoop:
             save_s=saved - trained,
             reload_s=reloaded - saved,
             paused_s=reload["total_ms"] / 1000,
+            drain_s=reload["drain_ms"] / 1000,
             wall_s=reloaded - started,
             trainer={key: float(value) for key, value in metrics.items()},
         )
-        self.recorder.record(attr.TRAIN_STEP_SPAN_NAME, record, started_ns)
+        # Exported now: a loop killed later must not lose the record of a step whose checkpoint exists.
+        await asyncio.to_thread(self.recorder.record, attr.TRAIN_STEP_SPAN_NAME, record, started_ns)
         return record
 
     async def _collect(self, version: int) -> tuple[list[str], int]:
@@ -579,45 +627,30 @@ class OnlineLoop:
         finals = {r.attempts[-1].attempt_id: r.rollout.group_id for r in results}
         if not finals:
             return {}
-        attempts = sql_list(sorted(finals))
         deadline = time.monotonic() + STORE_WAIT_S
         while True:
-            recorded = await asyncio.to_thread(
-                self.client.query,
-                f"SELECT attributes ->> '{attr.ATTEMPT_ID}' AS attempt_id FROM spans "
-                f"WHERE scope_name = '{attr.CONTROLLER_SCOPE}' AND name = '{attr.ROLLOUT_SPAN_NAME}' "
-                f"AND attributes ->> '{attr.ATTEMPT_ID}' IN {attempts}",
-            )
-            missing = set(finals) - set(recorded["attempt_id"])
+            rows = await asyncio.to_thread(self.client.query, attempt_progress_sql(sorted(finals)))
+            missing = set(finals) - set(rows.filter(pl.col("finished"))["attempt_id"])
             if not missing:
-                break
+                return oldest_versions(rows, finals)
             if time.monotonic() > deadline:
-                raise RuntimeError(
+                raise OnlineTrainingError(
                     f"{len(missing)} finished rollouts have no status in the store after "
                     f"{STORE_WAIT_S:.0f} s: does {self.client.url} receive the controller's spans?"
                 )
             await asyncio.sleep(POLL_S)
-        versions = await asyncio.to_thread(
-            self.client.query,
-            f"SELECT attempt_id, policy_version FROM llm_calls WHERE attempt_id IN {attempts}",
-        )
-        return oldest_versions(versions, finals)
 
     def _samples(self, groups: list[str], version: int, tokenizer: Any) -> tuple[pl.DataFrame, Any]:
         from otel_rl.transforms.rewards import RewardSpec
         from otel_rl.transforms.samples import SampleOptions, build_samples
 
-        in_groups = f"group_id IN {sql_list(groups)}"
-        rollouts = self.client.query(f"SELECT * FROM rollouts WHERE {in_groups}")
-        attempts = self.client.query(
-            f"SELECT attributes ->> '{attr.ROLLOUT_ID}' AS rollout_id, "
-            f"arg_max(attributes ->> '{attr.ATTEMPT_ID}', start_time_unix_nano) AS final_attempt, "
-            "max(start_time_unix_nano) AS attempt_start_ns FROM spans "
-            f"WHERE scope_name = '{attr.CONTROLLER_SCOPE}' AND name = '{attr.ROLLOUT_SPAN_NAME}' "
-            f"AND attributes ->> '{attr.GROUP_ID}' IN {sql_list(groups)} GROUP BY 1"
+        attempts = self.client.query(final_attempts_sql(groups))
+        rollouts = attempts.select(
+            "rollout_id", pl.col("final_attempt").alias("attempt_id"), "group_id", "task_id", "status"
         )
         calls = self.client.query(
-            f"SELECT * FROM llm_calls WHERE {in_groups} ORDER BY rollout_id, start_time_unix_nano"
+            f"SELECT * FROM llm_calls WHERE group_id IN {sql_list(groups)} "
+            "ORDER BY rollout_id, start_time_unix_nano"
         )
         rewards = self.client.query(
             f"SELECT * FROM rewards WHERE rollout_id IN {sql_list(rollouts['rollout_id'].to_list())}"
@@ -664,7 +697,7 @@ class OnlineLoop:
             success_rate=float((rewards >= 1).mean()),
             wall_s=time.monotonic() - started,
         )
-        self.recorder.record(attr.TRAIN_EVAL_SPAN_NAME, record, started_ns)
+        await asyncio.to_thread(self.recorder.record, attr.TRAIN_EVAL_SPAN_NAME, record, started_ns)
         return record
 
 
@@ -689,6 +722,26 @@ def run_online(config: TrainConfig, console: Console | None = None) -> OnlineRes
     """`otel-rl train --config FILE`: the online loop against the running server at config.server.url."""
     client = ServerClient(config.server.url, server_token(config))
     try:
-        return asyncio.run(OnlineLoop(config, client, console).run())
+        return asyncio.run(_until_terminated(OnlineLoop(config, client, console)))
     finally:
         client.close()
+
+
+async def _until_terminated(loop: OnlineLoop) -> OnlineResult:
+    """Run the loop; SIGTERM stops it like Ctrl-C does, so that its harness processes are stopped too."""
+    main = asyncio.current_task()
+    terminated = asyncio.Event()
+
+    def terminate() -> None:
+        terminated.set()
+        main.cancel()
+
+    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, terminate)
+    try:
+        return await loop.run()
+    except asyncio.CancelledError:
+        if not terminated.is_set():
+            raise  # Ctrl-C: asyncio.run turns it back into KeyboardInterrupt
+        raise OnlineTrainingError(
+            f"stopped by SIGTERM after step {loop.state.step}; run the same command again to resume"
+        ) from None

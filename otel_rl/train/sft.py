@@ -2,13 +2,11 @@
 
 import json
 import random
-from collections.abc import Callable
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import torch
-
-from otel_rl.train.trainer import Trainer
 
 Chat = dict[str, Any]  # {"messages": [OpenAI-shape messages], "tools": [tool definitions] | None}
 
@@ -68,28 +66,19 @@ def pad_right(rows: list[tuple[list[int], list[int]]], pad_id: int) -> tuple[tor
     return input_ids, attention_mask, loss_mask
 
 
-def run_sft(
-    trainer: Trainer,
-    chats: list[Chat],
-    *,
-    steps: int,
-    batch_size: int,
-    on_step: Callable[[int, dict[str, float]], None] | None = None,
-) -> list[dict[str, float]]:
-    """`steps` SFT steps on batches drawn at random (seeded by the trainer's config) from `chats`."""
+def sft_batches(
+    tokenizer: Any, chats: list[Chat], batch_size: int, seed: int
+) -> Iterator[tuple[torch.Tensor, ...]]:
+    """Endless right-padded (input_ids, attention_mask, loss_mask) batches drawn at random from `chats`."""
     if not chats:
-        raise ValueError("no chats to fine-tune on")
-    encoded = [tokenize_chat(trainer.tokenizer, chat) for chat in chats]
-    rng = random.Random(trainer.config.seed)
-    history = []
-    for step in range(steps):
+        raise ValueError("no conversations to fine-tune on")
+    encoded = [tokenize_chat(tokenizer, chat) for chat in chats]
+    rng = random.Random(seed)
+    while True:
+        # without replacement when there are enough chats, so that a batch never repeats one
         rows = (
             rng.sample(encoded, batch_size)
             if batch_size <= len(encoded)
             else rng.choices(encoded, k=batch_size)
         )
-        metrics = trainer.sft_step(*pad_right(rows, trainer.tokenizer.pad_token_id))
-        history.append(metrics)
-        if on_step is not None:
-            on_step(step, metrics)
-    return history
+        yield pad_right(rows, tokenizer.pad_token_id)

@@ -95,30 +95,26 @@ class Retokenized:
 
 def retokenize(tokenizer: Any, calls: pl.DataFrame) -> Retokenized:
     """Render every call's messages with the chat template, then encode all texts in one batch."""
+    from jinja2 import TemplateError
+
     texts: list[str] = []
-    shapes: list[int | None] = []  # completions per call; None when the call could not be rendered
+    shapes: list[int | None] = []  # completions per call; None when there is nothing to encode
     for row in calls.select("input_messages", "output_messages", "tool_definitions").iter_rows():
         try:
             prompt, completions = render_call(tokenizer, *row)
-        except ValueError:
+        except (ValueError, TemplateError):  # one call the template cannot render must not stop the export
+            completions = []
+        if not completions:
             shapes.append(None)
             continue
-        texts.append(prompt)
-        texts.extend(completions)
+        texts += [prompt, *completions]
         shapes.append(len(completions))
-    encoded = iter(tokenizer(texts, add_special_tokens=False)["input_ids"]) if texts else iter(())
+    encoded = iter(tokenizer(texts, add_special_tokens=False)["input_ids"] if texts else ())
     prompt_ids: list[list[int] | None] = []
     completion_ids: list[list[list[int]] | None] = []
     for n in shapes:
-        if n is None or n == 0:
-            # no renderable messages or no answer: nothing to learn from or to merge on
-            if n == 0:
-                next(encoded)
-            prompt_ids.append(None)
-            completion_ids.append(None)
-            continue
-        prompt_ids.append(next(encoded))
-        completion_ids.append([next(encoded) for _ in range(n)])
+        prompt_ids.append(None if n is None else next(encoded))
+        completion_ids.append(None if n is None else [next(encoded) for _ in range(n)])
     return Retokenized(prompt_ids, completion_ids)
 
 

@@ -1,0 +1,345 @@
+"""`otel-rl demo`: a tiny model learns a tool-using calculator task on a laptop, through the pipeline."""
+
+import importlib.util
+import json
+import os
+import secrets
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from types import ModuleType
+from typing import Annotated, Any
+
+import httpx
+import typer
+from rich.console import Console
+
+EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
+WORKDIR = Path(".otel_rl") / "demo"
+
+
+@dataclass(frozen=True)
+class DemoPlan:
+    """How much of everything the demo does (tiny-rl-notes.md has the measurements behind the full plan)."""
+
+    expert_rollouts: int  # stage 1: transcripts of the scripted expert
+    sft_steps: int
+    sft_lr: float
+    rl_steps: int  # stage 2: online GRPO updates
+    group_size: int
+    groups_per_step: int
+    rl_lr: float
+    val_tasks: int  # held-out problems evaluated before and after RL
+    concurrency: int  # harness processes at a time
+
+
+FULL = DemoPlan(
+    expert_rollouts=2000,
+    sft_steps=600,
+    sft_lr=2e-3,
+    rl_steps=15,
+    group_size=8,
+    groups_per_step=4,
+    rl_lr=1e-4,
+    val_tasks=200,
+    concurrency=8,
+)
+QUICK = DemoPlan(
+    expert_rollouts=200,
+    sft_steps=30,
+    sft_lr=2e-3,
+    rl_steps=2,
+    group_size=4,
+    groups_per_step=2,
+    rl_lr=1e-4,
+    val_tasks=16,
+    concurrency=4,
+)
+
+
+def _calc_task() -> ModuleType:
+    """examples/calc_task.py: the task lives with the example harnesses, outside the package."""
+    spec = importlib.util.spec_from_file_location("calc_task", EXAMPLES / "calc_task.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@contextmanager
+def running_server(workdir: Path, model: Path, token: str, console: Console):
+    """`otel-rl serve` with its gateway over a local vLLM server for `model`; yields its URL."""
+    port = _free_port()
+    command = [
+        str(Path(sys.executable).parent / "otel-rl"), "serve", "--db", str(workdir / "otel_rl.duckdb"),
+        "--token", token, "--model", str(model), "--http-port", str(port), "--grpc-port", str(_free_port()),
+    ]  # fmt: skip
+    log_path = workdir / "server.log"
+    env = {key: value for key, value in os.environ.items() if not key.startswith("OTEL_")}
+    with log_path.open("wb") as log:
+        server = subprocess.Popen(
+            command, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True
+        )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        with console.status("starting the otel-rl server and vLLM (about a minute)"):
+            deadline = time.monotonic() + 600
+            while not _healthy(url):
+                if server.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError(f"otel-rl serve did not start; see {log_path}:\n{_tail(log_path)}")
+                time.sleep(1)
+        yield url
+    finally:
+        server.send_signal(signal.SIGTERM)
+        try:
+            server.wait(60)
+        except subprocess.TimeoutExpired:
+            os.killpg(server.pid, signal.SIGKILL)
+            server.wait()
+
+
+def _healthy(url: str) -> bool:
+    try:
+        return httpx.get(f"{url}/healthz", timeout=2).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+def _tail(path: Path, lines: int = 30) -> str:
+    return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+
+
+def write_task_files(workdir: Path, plan: DemoPlan) -> dict[str, Path]:
+    """Expert, train and held-out (val) tasks; no held-out (a, op, b) appears in the other two."""
+    task = _calc_task()
+    train, _ = task.split_problems(seed=0)
+    return {
+        "expert": task.write_tasks(
+            workdir / "expert.jsonl", task.sample_tasks(train, plan.expert_rollouts, "train", 1)
+        ),
+        "train": task.write_tasks(workdir / "train.jsonl", task.sample_tasks(train, 2000, "train", 2)),
+        "val": task.write_tasks(workdir / "val.jsonl", task.heldout_tasks(seed=0)[: plan.val_tasks]),
+    }
+
+
+def run_expert(url: str, token: str, tasks: Path, workdir: Path, console: Console) -> dict[str, Any]:
+    """Stage 1's harness: the scripted expert answers every expert task; its traces go to the server."""
+    env = {key: value for key, value in os.environ.items() if not key.startswith("OTEL_")}
+    env |= {"OTEL_EXPORTER_OTLP_ENDPOINT": url, "OTEL_RL_TOKEN": token, "OTEL_SERVICE_NAME": "expert_agent"}
+    with console.status(f"the scripted expert harness runs {sum(1 for _ in tasks.open())} rollouts"):
+        done = subprocess.run(
+            [sys.executable, str(EXAMPLES / "expert_agent.py"), "--tasks", str(tasks)],
+            env=env, capture_output=True, text=True, cwd=workdir,
+        )  # fmt: skip
+    if done.returncode != 0:
+        raise RuntimeError(f"the expert harness failed:\n{done.stderr[-3000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def _base_config(url: str, token: str) -> dict[str, Any]:
+    return {
+        "server": {"url": url, "token": token},
+        # The calculator harness grades its own answer with a script (examples/calc_task.check); the model
+        # only writes text and cannot reach that code, so the harness's rewards are trusted here.
+        "reward": {"trusted_sources": ["harness"]},
+        "seed": 0,
+    }
+
+
+def run_demo(plan: DemoPlan, workdir: Path, console: Console) -> dict[str, Any]:
+    """Both stages end to end; returns the report (also written to workdir/report.json)."""
+    from otel_rl.tinymodel import init_model
+    from otel_rl.train.config import config_from_dict
+    from otel_rl.train.offline import sft_from_traces
+    from otel_rl.train.online import run_online
+
+    started = time.monotonic()
+    timings: dict[str, float] = {}
+    shutil.rmtree(workdir, ignore_errors=True)
+    workdir.mkdir(parents=True)
+    token = secrets.token_urlsafe(24)
+
+    console.rule("[bold]otel-rl demo: a 1M-parameter model learns to use a calculator")
+    with console.status("building the tiny model and its tokenizer"):
+        initial = init_model(workdir / "model-init", seed=0)
+        tasks = write_task_files(workdir, plan)
+    with running_server(workdir, initial, token, console) as url:
+        timings["setup_s"] = time.monotonic() - started
+        console.print(f"server and gateway at {url} (vLLM behind it); store {workdir / 'otel_rl.duckdb'}")
+
+        console.rule("stage 1, offline: a scripted expert harness produces traces; SFT from them")
+        stage = time.monotonic()
+        expert = run_expert(url, token, tasks["expert"], workdir, console)
+        console.print(
+            f"expert: {expert['rollouts']} rollouts, success {expert['mean_reward']:.1%} (noisy on purpose)"
+        )
+        sft_config = config_from_dict(
+            _base_config(url, token)
+            | {
+                "model": str(initial),
+                "output_dir": str(workdir / "sft"),
+                "steps": plan.sft_steps,
+                "save_every": plan.sft_steps,
+                "torch_threads": 2,
+                "optim": {
+                    "lr": plan.sft_lr,
+                    "warmup_steps": min(20, plan.sft_steps // 10),
+                    "schedule": "cosine",
+                },
+                "offline": {"where": "service_name = 'expert_agent'"},
+            }
+        )
+        start_policy = sft_from_traces(sft_config, console)
+        timings["stage1_s"] = time.monotonic() - stage
+
+        console.rule("stage 2, online: GRPO through the gateway, the store and synchronized reloads")
+        stage = time.monotonic()
+        rl_config = config_from_dict(
+            _base_config(url, token)
+            | {
+                "model": str(start_policy),
+                "output_dir": str(workdir / "rl"),
+                "steps": plan.rl_steps,
+                "optim": {"lr": plan.rl_lr, "micro_batch_size": 64},
+                "algorithm": {"group_size": plan.group_size, "groups_per_step": plan.groups_per_step},
+                "online": {
+                    "tasks": str(tasks["train"]),
+                    "harness": [sys.executable, str(EXAMPLES / "calc_agent.py")],
+                    "concurrency": plan.concurrency,
+                    "timeout_s": 120,
+                },
+                "eval": {"tasks": str(tasks["val"])},
+            }
+        )
+        result = run_online(rl_config, console)
+        timings["stage2_s"] = time.monotonic() - stage
+
+    report = {
+        "success_before": result.evals[0].success_rate,
+        "success_after": result.evals[-1].success_rate,
+        "steps": len(result.steps),
+        "wall_seconds": time.monotonic() - started,
+        "timings": timings,
+        "expert": expert,
+        "plan": asdict(plan),
+        "train_steps": [asdict(step) | {"group_ids": len(step.group_ids)} for step in result.steps],
+        "evals": [asdict(record) for record in result.evals],
+        "store": str(workdir / "otel_rl.duckdb"),
+        "final_checkpoint": str(rl_config.output_dir / f"step-{len(result.steps)}"),
+    }
+    (workdir / "report.json").write_text(json.dumps(report, indent=2))
+    plot_rewards(report, workdir / "reward_curve.png")
+    (workdir / "report.md").write_text(markdown_report(report))
+    return report
+
+
+def plot_rewards(report: dict[str, Any], path: Path) -> Path:
+    """Training reward and success per step, and held-out success at the evaluations."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    steps = [record["step"] for record in report["train_steps"]]
+    figure, axis = plt.subplots(figsize=(7, 4))
+    axis.plot(
+        steps, [r["success_rate"] for r in report["train_steps"]], marker=".", label="train success (sampled)"
+    )
+    axis.plot(
+        [e["step"] for e in report["evals"]],
+        [e["success_rate"] for e in report["evals"]],
+        marker="o",
+        linestyle="--",
+        label="held-out success (sampled)",
+    )
+    axis.set_xlabel("RL step (policy version)")
+    axis.set_ylabel("success rate")
+    axis.set_ylim(0, 1)
+    axis.grid(alpha=0.3)
+    axis.legend()
+    axis.set_title("otel-rl demo: calculator agent, online GRPO")
+    figure.tight_layout()
+    figure.savefig(path, dpi=120)
+    plt.close(figure)
+    return path
+
+
+SQL_TO_TRY = (
+    ("rollouts by split and status", "SELECT split, status, count(*) AS n, avg(outcome_reward) AS reward "
+     "FROM rollouts GROUP BY ALL ORDER BY ALL"),
+    ("train reward by policy version", "SELECT policy_version_max AS version, count(*) AS rollouts, "
+     "avg(outcome_reward) AS reward FROM rollouts WHERE split = 'train' AND policy_version_max IS NOT NULL "
+     "GROUP BY 1 ORDER BY 1"),
+    ("one multi-turn rollout, call by call", "SELECT rollout_id, policy_version, output_messages "
+     "FROM llm_calls WHERE rollout_id = (SELECT rollout_id FROM llm_calls WHERE split = 'val' LIMIT 1) "
+     "ORDER BY start_time_unix_nano"),
+    ("training steps", "SELECT attributes->>'otel_rl.train.step' AS step, "
+     "attributes->>'otel_rl.train.reward_mean' AS reward, attributes->>'otel_rl.train.trainer.mismatch' "
+     "AS mismatch FROM spans WHERE name = 'otel_rl.train.step' ORDER BY start_time_unix_nano"),
+)  # fmt: skip
+
+
+def markdown_report(report: dict[str, Any]) -> str:
+    """A short human-readable report: results, timings, and SQL to look inside."""
+    lines = [
+        "# otel-rl demo report",
+        "",
+        f"- held-out success (sampled, {report['evals'][0]['rollouts']} problems): "
+        f"{report['success_before']:.1%} before RL, {report['success_after']:.1%} after "
+        f"{report['steps']} steps",
+        f"- wall time: {report['wall_seconds']:.0f} s "
+        + ", ".join(
+            f"{name.removesuffix('_s')} {seconds:.0f} s" for name, seconds in report["timings"].items()
+        ),
+        "- reward curve: reward_curve.png; every number: report.json",
+        "",
+        "## Look inside (the server has stopped; these read the DuckDB file)",
+        "",
+    ]
+    for title, sql in SQL_TO_TRY:
+        lines += [f"{title}:", "", f'    otel-rl sql --db {report["store"]} "{sql}"', ""]
+    return "\n".join(lines)
+
+
+def demo_command(
+    quick: Annotated[
+        bool, typer.Option(help="A shortened run (a few minutes) that checks every stage")
+    ] = False,
+    workdir: Annotated[
+        Path, typer.Option(help="Where the model, store, checkpoints and report go")
+    ] = WORKDIR,
+) -> None:
+    """Build a tiny model, start vLLM and the server, fine-tune it on a scripted expert's traces, then
+    improve it with online GRPO through the real harness; report held-out success before and after."""
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+    console = Console()
+    try:
+        report = run_demo(QUICK if quick else FULL, workdir, console)
+    except (RuntimeError, ValueError) as error:
+        console.print(f"[red]demo failed:[/] {error}")
+        raise typer.Exit(1) from None
+    console.rule("[bold]result")
+    change = report["success_after"] - report["success_before"]
+    console.print(
+        f"held-out success: [bold]{report['success_before']:.1%} → {report['success_after']:.1%}[/] "
+        f"({change:+.1%}) after {report['steps']} RL steps; whole demo {report['wall_seconds']:.0f} s"
+    )
+    console.print(
+        f"report: {workdir / 'report.md'}, {workdir / 'report.json'}, {workdir / 'reward_curve.png'}"
+    )
+    console.print("look inside:")
+    for title, sql in SQL_TO_TRY:
+        console.print(f'  [dim]# {title}[/]\n  otel-rl sql --db {report["store"]} "{sql}"', soft_wrap=True)

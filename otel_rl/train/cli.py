@@ -1,0 +1,59 @@
+"""`otel-rl train`: online RL against live harnesses (default), offline RL on stored rollouts, or SFT."""
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+
+def train_command(
+    config: Annotated[
+        Path, typer.Option("--config", "-c", help="Training configuration (YAML, docs/training.md)")
+    ],
+    offline: Annotated[
+        bool, typer.Option("--offline", help="RL on stored rollouts instead of live harnesses")
+    ] = False,
+    sft: Annotated[
+        bool, typer.Option("--sft", help="Supervised fine-tuning on stored conversations")
+    ] = False,
+    where: Annotated[
+        str | None,
+        typer.Option(help="SQL predicate over the `rollouts` view choosing the rollouts to learn from"),
+    ] = None,
+    min_reward: Annotated[
+        float | None, typer.Option(help="--sft: keep rollouts whose reward is at least this")
+    ] = None,
+) -> None:
+    """Train the policy: online (the harnesses run against the gateway while it learns), `--offline` from
+    stored rollouts with importance correction, or `--sft` (rejection sampling with --min-reward)."""
+    from rich.console import Console
+
+    from otel_rl.train.config import ConfigError, load_config
+
+    console = Console()
+    if offline and sft:
+        raise typer.BadParameter("choose one of --offline and --sft", param_hint="--offline/--sft")
+    if (where is not None or min_reward is not None) and not (offline or sft):
+        raise typer.BadParameter("--where and --min-reward apply to --offline or --sft", param_hint="--where")
+    overrides = {
+        "offline": {k: v for k, v in (("where", where), ("min_reward", min_reward)) if v is not None}
+    }
+    try:
+        settings = load_config(config, overrides)
+        if offline:
+            from otel_rl.train.offline import offline_rl
+
+            checkpoint = offline_rl(settings, console)
+        elif sft:
+            from otel_rl.train.offline import sft_from_traces
+
+            checkpoint = sft_from_traces(settings, console)
+        else:
+            from otel_rl.train.online import run_online
+
+            result = run_online(settings, console)
+            checkpoint = f"{settings.output_dir} ({len(result.steps)} steps in {result.wall_s:.0f} s)"
+    except (ConfigError, ValueError) as error:
+        console.print(f"[red]error:[/] {error}")
+        raise typer.Exit(1) from None
+    console.print(f"policy checkpoints: {checkpoint}")

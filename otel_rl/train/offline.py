@@ -1,0 +1,128 @@
+"""Offline training from the store: RL on stored rollouts (`--offline --where`), SFT from traces (`--sft`)."""
+
+import json
+import random
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import polars as pl
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from otel_rl.train.config import TrainConfig
+from otel_rl.train.trainer import Trainer
+
+METRICS_FILE = "metrics.jsonl"  # in output_dir: one JSON object per step
+
+
+def stored_samples(
+    config: TrainConfig, where: str, tokenizer: Any = None
+) -> tuple[pl.DataFrame, pl.DataFrame]:
+    """(samples, calls) of the stored rollouts matching `where` (see otel_rl.transforms.build_samples).
+
+    With a tokenizer, the calls' messages are read too, calls recorded without token ids are retokenized,
+    and the result can be exported as chats for SFT.
+    """
+    from otel_rl.query import query
+    from otel_rl.transforms.rewards import RewardSpec
+    from otel_rl.transforms.samples import SampleOptions, build_samples, load_inputs
+
+    server, db = (None, config.server.db) if config.server.db else (config.server.url, None)
+
+    def run_query(sql: str) -> pl.DataFrame:
+        return query(sql, db=db, server=server, token=config.server.token)
+
+    calls, rollouts, rewards = load_inputs(where, run_query, messages=tokenizer is not None)
+    reward = config.reward
+    options = SampleOptions(
+        reward=RewardSpec(reward.name, reward.rule, tuple(reward.trusted_sources), reward.missing),
+        estimator=config.algorithm.advantage_estimator,
+        drift_sample=0,
+    )
+    samples, report = build_samples(calls, rollouts, rewards, tokenizer=tokenizer, options=options)
+    if samples.height == 0:
+        raise ValueError(
+            f"no usable samples among the rollouts where {where}: dropped {report.dropped_rollouts}"
+        )
+    return samples, calls
+
+
+def group_batches(samples: pl.DataFrame, groups_per_step: int, seed: int) -> Iterator[pl.DataFrame]:
+    """Endless batches of `groups_per_step` whole groups (a GRPO baseline needs its whole group), seeded."""
+    group = pl.col("group_id").fill_null(pl.col("rollout_id"))
+    groups = samples.select(group).to_series().unique().sort().to_list()
+    size = min(groups_per_step, len(groups))
+    rng = random.Random(seed)
+    while True:
+        rng.shuffle(groups)
+        for start in range(0, len(groups) - size + 1, size):
+            yield samples.filter(group.is_in(groups[start : start + size]))
+
+
+def train_loop(
+    config: TrainConfig, trainer: Trainer, step: Callable[[], dict[str, float]], console: Console, label: str
+) -> Path:
+    """Run `step` `config.steps` times with a progress bar; metrics to output_dir/metrics.jsonl; checkpoints
+    to output_dir/step-N every `save_every` steps and after the last. Returns the last checkpoint."""
+    config.output_dir.mkdir(parents=True, exist_ok=True)
+    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+    checkpoint = config.output_dir / "step-0"
+    with (
+        (config.output_dir / METRICS_FILE).open("a") as log,
+        Progress(*columns, TextColumn("{task.fields[m]}"), console=console) as progress,
+    ):
+        bar = progress.add_task(label, total=config.steps, m="")
+        for number in range(1, config.steps + 1):
+            started = time.perf_counter()
+            metrics = step() | {"step": number, "train_seconds": time.perf_counter() - started}
+            log.write(json.dumps(metrics) + "\n")
+            progress.update(bar, advance=1, m=_brief(metrics))
+            if number % config.save_every == 0 or number == config.steps:
+                checkpoint = trainer.save(config.output_dir / f"step-{number}")
+    return checkpoint
+
+
+def _brief(metrics: dict[str, float]) -> str:
+    shown = ("loss", "mismatch", "grad_norm")
+    return "  ".join(f"{name} {metrics[name]:.4g}" for name in shown if name in metrics)
+
+
+def offline_rl(config: TrainConfig, console: Console) -> Path:
+    """`steps` RL updates on the stored rollouts matching `offline.where`; returns the last checkpoint.
+
+    Importance weights against the logprobs the gateway recorded correct for the rollouts being off-policy.
+    """
+    from otel_rl.transforms.export import to_dataproto
+
+    config.require_offline()
+    trainer = Trainer(config)
+    with console.status("reading samples from the store"):
+        samples, _ = stored_samples(config, config.offline.where)
+    console.print(f"{samples.height} samples from {samples['rollout_id'].n_unique()} rollouts")
+    if not samples["has_logprobs"].all():
+        console.print(
+            "[yellow]some samples have no recorded logprobs: batches without importance correction[/]"
+        )
+    batches = group_batches(samples, config.algorithm.groups_per_step, config.seed)
+    pad_id = trainer.tokenizer.pad_token_id
+    return train_loop(
+        config, trainer, lambda: trainer.step(to_dataproto(next(batches), pad_id)), console, "offline RL"
+    )
+
+
+def sft_from_traces(config: TrainConfig, console: Console) -> Path:
+    """SFT on the conversations of the stored rollouts matching `offline.where` (default: all) whose reward
+    is at least `offline.min_reward` (default: any): rejection-sampling fine-tuning. Returns the last
+    checkpoint."""
+    from otel_rl.train.sft import sft_batches
+    from otel_rl.transforms.export import sft_records
+
+    trainer = Trainer(config)
+    where = config.offline.where or "true"
+    with console.status("reading conversations from the store"):
+        chats = sft_records(*stored_samples(config, where, trainer.tokenizer), config.offline.min_reward)
+    console.print(f"{len(chats)} conversations for SFT")
+    batches = sft_batches(trainer.tokenizer, chats, config.offline.sft_batch_size, config.seed)
+    return train_loop(config, trainer, lambda: trainer.sft_step(*next(batches)), console, "SFT")
