@@ -88,8 +88,10 @@ class GatewayServer:
             if len(rows) >= expect or time.monotonic() > deadline:
                 break
             time.sleep(0.05)
-        for row in rows:
-            row["attributes"] = json.loads(row["attributes"])
+        for row in rows:  # the span's attributes whole: schema.sql stores its content attributes apart
+            row["attributes"] = json.loads(row["attributes"]) | json.loads(
+                row.pop("content_attributes") or "{}"
+            )
         return rows
 
     def query(self, sql: str) -> pa.Table:

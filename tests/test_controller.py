@@ -1,5 +1,6 @@
 """The local rollout controller: statuses, the environment contract, process-group kills and retries."""
 
+import asyncio
 import json
 import os
 import sys
@@ -244,3 +245,28 @@ def test_identity_values_are_percent_encoded_in_resource_attributes():
     assert env["OTEL_RESOURCE_ATTRIBUTES"] == "otel_rl.rollout.id=r1,otel_rl.task.id=a%2Cb%3Dc%20d"
     assert env["OTEL_EXPORTER_OTLP_HEADERS"] == "authorization=Bearer%20k%2F%2B"
     assert env["TRACEPARENT"] == f"00-{0xAB:032x}-{0xCD:016x}-01"
+
+
+def test_a_cancelled_rollout_is_recorded_as_infra_error_and_its_processes_die(otel_rl_server, tmp_path):
+    controller = controller_for(
+        otel_rl_server, ControllerSettings(command=[sys.executable, PROBE], log_dir=tmp_path)
+    )
+    rollout = probe_rollout("hang", tmp_path)
+
+    async def cancel_once_running() -> None:
+        running = asyncio.create_task(controller.run_rollout(rollout))
+        while not list((tmp_path / "hang").glob("grandchild-*.pid")):
+            await asyncio.sleep(0.1)
+        running.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await running
+
+    asyncio.run(cancel_once_running())
+    controller.close()
+    [pid_file] = (tmp_path / "hang").glob("grandchild-*.pid")
+    deadline = time.monotonic() + 5
+    while not is_gone(int(pid_file.read_text())):
+        assert time.monotonic() < deadline, "the cancelled rollout's grandchild is still running"
+        time.sleep(0.1)
+    [attempt] = recorded_attempts(otel_rl_server, rollout.rollout_id, 1)
+    assert (attempt["status"], attempt["exit_code"]) == ("infra_error", None)

@@ -85,6 +85,30 @@ def test_packed_token_arrays_round_trip_exactly_into_call_tokens(db) -> None:
     assert json.loads(span_attributes) == {"gen_ai.operation.name": "chat"}  # packed arrays moved out
 
 
+def test_content_attributes_are_stored_apart_and_together_with_the_rest_are_every_attribute(db) -> None:
+    attributes = {
+        "gen_ai.operation.name": "chat",
+        "gen_ai.request.model": "m",
+        "gen_ai.input.messages": '[{"role": "user", "parts": [{"type": "text", "content": "hi"}]}]',
+        "gen_ai.system_instructions": "[]",
+        "input.value": "{}",
+        "llm.input_messages.0.message.content": "hi",
+        "llm.tools.0.tool.json_schema": "{}",
+        "gen_ai.usage.input_tokens": 3,
+    }
+    insert(db, traces_to_tables(sdk_request(("chat m", attributes), ("tool t", {"a": 1})), NOW))
+
+    rows = db.execute("SELECT name, attributes, content_attributes FROM spans ORDER BY name").fetchall()
+    (_, call, content), (_, tool, no_content) = rows
+    assert json.loads(call) == {
+        "gen_ai.operation.name": "chat",
+        "gen_ai.request.model": "m",
+        "gen_ai.usage.input_tokens": 3,
+    }
+    assert json.loads(call) | json.loads(content) == attributes
+    assert (json.loads(tool), no_content) == ({"a": 1}, None)
+
+
 def test_an_unrecorded_choice_or_prompt_or_logprobs_is_null(db) -> None:
     ids = np.arange(4, dtype="<i4")
     request = sdk_request(("chat m", {"otel_rl.choices.1.token_ids": ids.tobytes()}))

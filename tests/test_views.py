@@ -218,8 +218,8 @@ def test_openinference_token_ids_and_logprobs_are_exactly_those_of_the_raw_respo
     fixture_runs, run: str
 ) -> None:
     raw = fixture_runs.server.sql(
-        "SELECT span_id, attributes ->> 'output.value' AS response FROM spans "
-        f"WHERE {fixture_runs.where(run)} AND attributes ->> 'output.value' IS NOT NULL"
+        "SELECT span_id, content_attributes ->> 'output.value' AS response FROM spans "
+        f"WHERE {fixture_runs.where(run)} AND content_attributes ->> 'output.value' IS NOT NULL"
     ).to_pylist()
     responses = {row["span_id"]: json.loads(row["response"]) for row in raw}
     calls = {c["span_id"]: c for c in fixture_runs.rows("llm_calls", run)}
@@ -242,7 +242,7 @@ def test_openinference_flattened_attributes_give_the_messages_of_the_request_bod
 ) -> None:
     """The llm.input_messages.N fallback (for spans whose input.value is not JSON) agrees with input.value."""
     rows = fixture_runs.server.sql(
-        "SELECT to_json(oi_messages(s.attributes, 'llm.input_messages.')) AS flat, c.input_messages "
+        "SELECT to_json(oi_messages(s.content_attributes, 'llm.input_messages.')) AS flat, c.input_messages "
         "FROM spans s JOIN llm_calls c USING (trace_id, span_id) "
         f"WHERE s.{fixture_runs.where(run)}"
     ).to_pylist()

@@ -46,21 +46,22 @@ CREATE OR REPLACE MACRO with_finish_reason(message, reason) AS
 -- ---------------------------------------------------------------- latest semconv ("parts" format)
 -- [{"role", "parts": [{"type": "text"|"reasoning"|"tool_call"|"tool_call_response", ...}], "finish_reason"}]
 -- Documents are parsed once into typed structs (from_json): cheaper to plan and to run than many
--- JSON-path extractions of the same text.
+-- JSON-path extractions of the same text. Part values read as VARCHAR are json_text's (a string unquoted,
+-- anything else as its JSON text) without parsing them again.
 
 CREATE OR REPLACE MACRO semconv_messages_of(doc) AS from_json(doc, '[{
     "role": "VARCHAR", "finish_reason": "VARCHAR",
-    "parts": [{"type": "VARCHAR", "content": "JSON", "id": "VARCHAR", "name": "VARCHAR",
-               "arguments": "JSON", "response": "JSON"}]}]');
+    "parts": [{"type": "VARCHAR", "content": "VARCHAR", "id": "VARCHAR", "name": "VARCHAR",
+               "arguments": "VARCHAR", "response": "VARCHAR"}]}]');
 
 CREATE OR REPLACE MACRO parts_text(parts, part_type) AS
-    array_to_string([json_text(p.content) FOR p IN parts IF p.type = part_type], '');
+    array_to_string([p.content FOR p IN parts IF p.type = part_type], '');
 
 CREATE OR REPLACE MACRO semconv_message(m) AS chat_message(
     m.role,
     coalesce(nullif(parts_text(m.parts, 'text'), ''),
-             array_to_string([json_text(p.response) FOR p IN m.parts IF p.type = 'tool_call_response'], '')),
-    [{'id': p.id, 'name': p.name, 'arguments': json_text(p.arguments)}
+             array_to_string([p.response FOR p IN m.parts IF p.type = 'tool_call_response'], '')),
+    [{'id': p.id, 'name': p.name, 'arguments': p.arguments}
         FOR p IN m.parts IF p.type = 'tool_call'],
     [p.id FOR p IN m.parts IF p.type = 'tool_call_response'][1],
     parts_text(m.parts, 'reasoning')
@@ -71,13 +72,13 @@ CREATE OR REPLACE MACRO semconv_message(m) AS chat_message(
 CREATE OR REPLACE MACRO semconv_input_messages(doc, system_instructions) AS
     CASE WHEN system_instructions IS NOT NULL THEN
         [chat_message('system',
-                      parts_text(from_json(system_instructions, '[{"type": "VARCHAR", "content": "JSON"}]'),
-                                 'text'),
+                      parts_text(from_json(system_instructions,
+                                           '[{"type": "VARCHAR", "content": "VARCHAR"}]'), 'text'),
                       NULL, NULL, NULL)]
     ELSE [] END
     || flatten([
         CASE WHEN len([p FOR p IN m.parts IF p.type = 'tool_call_response']) > 1
-             THEN [chat_message('tool', json_text(p.response), NULL, p.id, NULL)
+             THEN [chat_message('tool', p.response, NULL, p.id, NULL)
                    FOR p IN m.parts IF p.type = 'tool_call_response']
              ELSE [semconv_message(m)] END
         FOR m IN semconv_messages_of(doc)]);

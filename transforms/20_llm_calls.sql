@@ -1,16 +1,16 @@
 -- llm_calls: one row per model call, whatever the dialect it arrived in (docs/views.md), plus the content
 -- log events that could not be joined to a call (unjoined_events).
 
--- Every attribute a call's columns come from, parsed once per span into a typed struct: each `->>` would
--- parse the whole attributes document again, and OpenInference's hold the request and response bodies.
--- Typed reads are lenient: a value of another type reads as NULL.
+-- Every attribute a call's columns come from but its content, parsed once per span into a typed struct (each
+-- `->>` would parse the whole document again). Typed reads are lenient: a value of another type reads as
+-- NULL. Content attributes are in spans.content_attributes (schema.sql), parsed only for the columns that
+-- need them (messages, tool definitions, OpenInference's request and response bodies).
 CREATE OR REPLACE MACRO call_attributes_of(attributes) AS from_json(attributes, '{
     "gen_ai.operation.name": "VARCHAR", "openinference.span.kind": "VARCHAR",
     "gen_ai.provider.name": "VARCHAR", "gen_ai.system": "VARCHAR",
     "llm.system": "VARCHAR", "llm.provider": "VARCHAR",
     "gen_ai.request.model": "VARCHAR", "gen_ai.response.model": "VARCHAR", "llm.model_name": "VARCHAR",
-    "gen_ai.input.messages": "JSON", "gen_ai.output.messages": "JSON", "gen_ai.system_instructions": "JSON",
-    "gen_ai.tool.definitions": "JSON", "gen_ai.response.finish_reasons": "JSON",
+    "gen_ai.response.finish_reasons": "JSON",
     "llm.finish_reason": "VARCHAR",
     "gen_ai.request.temperature": "DOUBLE", "gen_ai.request.top_p": "DOUBLE",
     "gen_ai.request.max_tokens": "INTEGER",
@@ -20,11 +20,18 @@ CREATE OR REPLACE MACRO call_attributes_of(attributes) AS from_json(attributes, 
     "gen_ai.usage.input_tokens": "INTEGER", "gen_ai.usage.prompt_tokens": "INTEGER",
     "gen_ai.usage.output_tokens": "INTEGER", "gen_ai.usage.completion_tokens": "INTEGER",
     "llm.token_count.prompt": "INTEGER", "llm.token_count.completion": "INTEGER",
-    "input.value": "VARCHAR", "output.value": "VARCHAR", "llm.invocation_parameters": "VARCHAR",
+    "llm.invocation_parameters": "VARCHAR",
     "error.type": "VARCHAR", "gen_ai.openai.api_base": "VARCHAR",
     "server.address": "VARCHAR", "server.port": "INTEGER",
     "otel_rl.policy.version": "INTEGER", "otel_rl.sampling.params": "VARCHAR",
     "otel_rl.server.url": "VARCHAR"}');
+
+-- The latest semconv content of a call: a span's content_attributes, or an operation-details log record's
+-- attributes. Read as text, whether sent as a JSON string (spans) or structured (log records), then read
+-- with TRY_CAST(... AS JSON): one parse, and invalid JSON gives NULL rather than breaking every query.
+CREATE OR REPLACE MACRO semconv_content_of(attributes) AS from_json(attributes, '{
+    "gen_ai.input.messages": "VARCHAR", "gen_ai.output.messages": "VARCHAR",
+    "gen_ai.system_instructions": "VARCHAR", "gen_ai.tool.definitions": "VARCHAR"}');
 
 -- Spans that are model calls: GenAI inference spans (every semconv library and the gateway) and
 -- OpenInference LLM spans. Agent, tool and embedding spans are not calls.
@@ -39,6 +46,7 @@ SELECT
     status_code,
     events,
     attributes,
+    content_attributes,
     resource_attributes,
     scope_name,
     a,
@@ -145,6 +153,29 @@ SELECT
 FROM matches
 GROUP BY ALL;
 
+-- Every model call span with its rollout identity, error flag and superseding gateway call, but no content:
+-- what rollouts and rewards read (much cheaper to plan and to run than llm_call_rows).
+CREATE OR REPLACE VIEW llm_call_index AS
+SELECT
+    *,
+    status_code = 2 OR a."error.type" IS NOT NULL OR list_contains(event_names, 'exception') AS is_error,
+    a."otel_rl.policy.version" AS policy_version
+FROM (
+    SELECT
+        s.*,
+        i.rollout_id,
+        i.attempt_id,
+        i.group_id,
+        i.task_id,
+        i.split,
+        json_extract_string(s.events, '$[*].name') AS event_names,
+        -- a gateway row is never superseded
+        CASE WHEN s.span_dialect <> 'gateway' THEN g.gateway_call END AS gateway_call
+    FROM llm_call_spans s
+    LEFT JOIN llm_call_superseded g USING (trace_id, span_id)
+    LEFT JOIN span_identity i USING (trace_id, span_id)
+);
+
 -- Every model call row, including client rows that a gateway row supersedes.
 CREATE OR REPLACE VIEW llm_call_rows AS
 WITH calls AS (
@@ -155,31 +186,53 @@ WITH calls AS (
         t.prompt_token_ids AS gw_prompt_token_ids,
         t.choice_token_ids AS gw_choice_token_ids,
         t.choice_logprobs AS gw_choice_logprobs,
+        e.n_details_events,
+        e.n_legacy_events,
+        e.details,
+        -- Content is parsed only for the columns that read it, and per dialect (CASE evaluates a branch for
+        -- the rows that take it): semconv messages on the span (a semconv span's dialect depends on them),
+        -- or OpenInference's raw OpenAI request and response bodies.
+        CASE WHEN s.span_dialect = 'semconv' THEN semconv_content_of(s.content_attributes) END
+            AS span_content,
+        CASE WHEN s.span_dialect = 'openinference'
+             THEN try(oi_request_of(s.content_attributes ->> 'input.value')) END AS oi_request,
+        CASE WHEN s.span_dialect = 'openinference'
+             THEN try(oi_response_of(s.content_attributes ->> 'output.value')) END AS oi_response,
+        try(json(s.a."llm.invocation_parameters")) AS oi_params
+    FROM llm_call_index s
+    LEFT JOIN llm_call_events e USING (trace_id, span_id)
+    LEFT JOIN call_tokens t USING (trace_id, span_id)
+),
+
+sourced AS (
+    SELECT
+        *,
         -- The dialect a call's content came in: span attributes win over log events, so that
         -- span_and_event is not counted twice.
         CASE
-            WHEN s.span_dialect <> 'semconv' THEN s.span_dialect
-            WHEN s.a."gen_ai.input.messages" IS NOT NULL OR s.a."gen_ai.output.messages" IS NOT NULL
+            WHEN span_dialect <> 'semconv' THEN span_dialect
+            WHEN span_content."gen_ai.input.messages" IS NOT NULL
+                 OR span_content."gen_ai.output.messages" IS NOT NULL
             THEN 'semconv'
-            WHEN e.n_details_events > 0 THEN 'semconv_event'
-            WHEN e.n_legacy_events > 0 THEN 'legacy_events'
+            WHEN n_details_events > 0 THEN 'semconv_event'
+            WHEN n_legacy_events > 0 THEN 'legacy_events'
             ELSE 'semconv'
         END AS dialect,
         -- Where semconv content is: on the span, or (event_only) on its operation-details record.
-        CASE WHEN s.a."gen_ai.input.messages" IS NULL AND s.a."gen_ai.output.messages" IS NULL
-                  AND e.details IS NOT NULL
-             THEN call_attributes_of(e.details) ELSE s.a END AS content,
-        -- OpenInference: the raw OpenAI request and response bodies and the request parameters.
-        try(oi_request_of(s.a."input.value")) AS oi_request,
-        try(oi_response_of(s.a."output.value")) AS oi_response,
-        try(json(s.a."llm.invocation_parameters")) AS oi_params,
-        json_extract_string(s.events, '$[*].name') AS event_names,
-        -- a gateway row is never superseded
-        CASE WHEN s.span_dialect <> 'gateway' THEN g.gateway_call END AS gateway_call
-    FROM llm_call_spans s
-    LEFT JOIN llm_call_events e USING (trace_id, span_id)
-    LEFT JOIN call_tokens t USING (trace_id, span_id)
-    LEFT JOIN llm_call_superseded g USING (trace_id, span_id)
+        CASE WHEN span_dialect = 'gateway' THEN semconv_content_of(content_attributes)
+             WHEN span_content."gen_ai.input.messages" IS NULL
+                  AND span_content."gen_ai.output.messages" IS NULL
+                  AND details IS NOT NULL
+             THEN semconv_content_of(details) ELSE span_content END AS content,
+        -- normalized, one per choice where the library wrote them all
+        [finish_reason(r) FOR r IN coalesce(
+            nullif(json_extract_string(json_doc(a."gen_ai.response.finish_reasons"), '$[*]'), []),
+            nullif([c.finish_reason FOR c IN oi_response.choices], []),
+            CASE WHEN a."llm.finish_reason" IS NOT NULL THEN [a."llm.finish_reason"] END
+        )] AS attribute_finish_reasons,
+        coalesce(a."gen_ai.request.choice.count", a."gen_ai.request.n",
+                 TRY_CAST(oi_params ->> 'n' AS INTEGER)) AS requested_choices
+    FROM calls
 ),
 
 normalized AS (
@@ -187,16 +240,21 @@ normalized AS (
         trace_id,
         span_id,
         parent_span_id,
+        rollout_id,
+        attempt_id,
+        group_id,
+        task_id,
+        split,
         start_time_unix_nano,
         end_time_unix_nano,
         dialect,
-        CASE WHEN dialect = 'openinference'
+        CASE WHEN span_dialect = 'openinference'
              THEN CASE WHEN oi_request.prompt IS NOT NULL AND oi_request.messages IS NULL
                        THEN 'text_completion' ELSE 'chat' END
              ELSE a."gen_ai.operation.name" END AS operation,
         coalesce(a."gen_ai.provider.name", a."gen_ai.system", a."llm.system", a."llm.provider") AS provider,
         -- OpenInference's opt-in gen_ai.request.model holds the response model: read the request body first.
-        CASE WHEN dialect = 'openinference'
+        CASE WHEN span_dialect = 'openinference'
              THEN coalesce(oi_request.model, oi_params ->> 'model', a."gen_ai.request.model")
              ELSE a."gen_ai.request.model" END AS request_model,
         -- As sent: Traceloop strips the "org/" prefix ("Qwen3-0.6B"), the others keep it.
@@ -206,35 +264,45 @@ normalized AS (
             WHEN 'openinference' THEN
                 CASE WHEN oi_request.messages IS NOT NULL
                      THEN [openai_message(m, NULL) FOR m IN oi_request.messages]
-                     ELSE nullif(oi_messages(attributes, 'llm.input_messages.'), []) END
+                     ELSE nullif(oi_messages(content_attributes, 'llm.input_messages.'), []) END
             WHEN 'legacy_events' THEN legacy_input
-            ELSE semconv_input_messages(json_doc(content."gen_ai.input.messages"),
-                                        json_doc(content."gen_ai.system_instructions"))
+            ELSE semconv_input_messages(TRY_CAST(content."gen_ai.input.messages" AS JSON),
+                                        TRY_CAST(content."gen_ai.system_instructions" AS JSON))
         END AS input_messages_list,
         CASE dialect
             WHEN 'openinference' THEN
                 CASE WHEN oi_response.choices IS NOT NULL
                      THEN [openai_output_message(c) FOR c IN oi_response.choices]
                      -- llm.finish_reason is the first choice's only
-                     ELSE nullif(list_transform(oi_messages(attributes, 'llm.output_messages.'),
+                     ELSE nullif(list_transform(oi_messages(content_attributes, 'llm.output_messages.'),
                                                 lambda m, i: with_finish_reason(
                                                     m, CASE WHEN i = 1 THEN a."llm.finish_reason" END)),
                                  []) END
             WHEN 'legacy_events' THEN legacy_output
-            ELSE semconv_output_messages(json_doc(content."gen_ai.output.messages"))
+            ELSE semconv_output_messages(TRY_CAST(content."gen_ai.output.messages" AS JSON))
         END AS output_messages_list,
+        -- The finish reason of each output message, read without building the messages. The gateway writes
+        -- one per choice in gen_ai.response.finish_reasons too: its message content is not parsed for them.
+        CASE
+            WHEN span_dialect = 'gateway' AND list_bool_or([r IS NOT NULL FOR r IN attribute_finish_reasons])
+            THEN attribute_finish_reasons
+            WHEN dialect = 'openinference' THEN
+                CASE WHEN oi_response.choices IS NOT NULL
+                     THEN [finish_reason(c.finish_reason) FOR c IN oi_response.choices]
+                     ELSE nullif([CASE WHEN i = 0 THEN finish_reason(a."llm.finish_reason") END
+                                  FOR i IN range(oi_count(content_attributes, 'llm.output_messages.'))],
+                                 []) END
+            WHEN dialect = 'legacy_events' THEN [m.finish_reason FOR m IN legacy_output]
+            ELSE [finish_reason(r)
+                  FOR r IN json_extract_string(TRY_CAST(content."gen_ai.output.messages" AS JSON),
+                                               '$[*].finish_reason')]
+        END AS output_finish_reasons,
+        attribute_finish_reasons,
+        requested_choices,
         CASE dialect
-            WHEN 'openinference' THEN coalesce(oi_request.tools, oi_tool_definitions(attributes))
-            ELSE openai_tool_definitions(json_doc(content."gen_ai.tool.definitions"))
+            WHEN 'openinference' THEN coalesce(oi_request.tools, oi_tool_definitions(content_attributes))
+            ELSE openai_tool_definitions(TRY_CAST(content."gen_ai.tool.definitions" AS JSON))
         END AS tool_definitions,
-        coalesce(
-            nullif(json_extract_string(json_doc(a."gen_ai.response.finish_reasons"), '$[*]'), []),
-            nullif([c.finish_reason FOR c IN oi_response.choices], []),
-            CASE WHEN a."llm.finish_reason" IS NOT NULL THEN [a."llm.finish_reason"] END
-        ) AS attribute_finish_reasons,
-        coalesce(a."gen_ai.request.choice.count", a."gen_ai.request.n",
-                 TRY_CAST(oi_params ->> 'n' AS INTEGER)) AS requested_choices,
-
         coalesce(a."gen_ai.request.temperature",
                  TRY_CAST(oi_params ->> 'temperature' AS DOUBLE)) AS temperature,
         coalesce(a."gen_ai.request.top_p", TRY_CAST(oi_params ->> 'top_p' AS DOUBLE)) AS top_p,
@@ -251,12 +319,12 @@ normalized AS (
         coalesce(
             a."gen_ai.request.stream",
             a."gen_ai.is_streaming",
-            CASE WHEN dialect = 'openinference'
+            CASE WHEN span_dialect = 'openinference'
                  THEN coalesce(TRY_CAST(oi_params ->> 'stream' AS BOOLEAN), false) END,
             CASE WHEN list_contains(event_names, 'gen_ai.content.completion.chunk') THEN true END
         ) AS streaming,
 
-        status_code = 2 OR a."error.type" IS NOT NULL OR list_contains(event_names, 'exception') AS is_error,
+        is_error,
         error_type_name(coalesce(
             a."error.type",
             [json_extract(ev, 'attributes') ->> 'exception.type'
@@ -264,16 +332,16 @@ normalized AS (
         )) AS error_type,
 
         -- Token data: the gateway's packed arrays, or the raw vLLM response that OpenInference keeps.
-        CASE WHEN dialect = 'gateway' THEN gw_prompt_token_ids ELSE oi_response.prompt_token_ids END
+        CASE WHEN span_dialect = 'gateway' THEN gw_prompt_token_ids ELSE oi_response.prompt_token_ids END
             AS prompt_token_ids,
-        CASE WHEN dialect = 'gateway' THEN gw_choice_token_ids
+        CASE WHEN span_dialect = 'gateway' THEN gw_choice_token_ids
              ELSE [c.token_ids FOR c IN oi_response.choices] END AS completion_token_ids_raw,
-        CASE WHEN dialect = 'gateway' THEN gw_choice_logprobs
+        CASE WHEN span_dialect = 'gateway' THEN gw_choice_logprobs
              ELSE [[t.logprob FOR t IN c.logprobs.content] FOR c IN oi_response.choices] END
             AS completion_logprobs_raw,
 
-        a."otel_rl.policy.version" AS policy_version,
-        CASE dialect
+        policy_version,
+        CASE span_dialect
             WHEN 'gateway' THEN try(json(a."otel_rl.sampling.params"))
             WHEN 'openinference' THEN oi_params
         END AS sampling_params,
@@ -282,18 +350,18 @@ normalized AS (
         resource_attributes ->> 'service.name' AS service_name,
         scope_name,
         gateway_call
-    FROM calls
+    FROM sourced
 )
 
 SELECT
     c.trace_id,
     c.span_id,
     c.parent_span_id,
-    i.rollout_id,
-    i.attempt_id,
-    i.group_id,
-    i.task_id,
-    i.split,
+    c.rollout_id,
+    c.attempt_id,
+    c.group_id,
+    c.task_id,
+    c.split,
     ns_time(c.start_time_unix_nano) AS started_at,
     ns_time(c.end_time_unix_nano) AS ended_at,
     c.start_time_unix_nano,
@@ -305,16 +373,15 @@ SELECT
     to_json(nullif(c.input_messages_list, [])) AS input_messages,
     to_json(nullif(c.output_messages_list, [])) AS output_messages,
     c.tool_definitions,
-    coalesce(len(nullif(c.output_messages_list, [])), len(c.attribute_finish_reasons),
+    coalesce(len(nullif(c.output_finish_reasons, [])), len(c.attribute_finish_reasons),
              c.requested_choices)::INTEGER AS n_choices,
     -- One per choice: from the output messages when they carry them, else the span attribute (streamed
     -- official-v2 calls have them only in the messages; OpenInference's attribute has the first choice's
     -- only).
-    CASE WHEN list_bool_or([m.finish_reason IS NOT NULL FOR m IN c.output_messages_list])
-         THEN [m.finish_reason FOR m IN c.output_messages_list]
-         WHEN list_bool_or([finish_reason(r) IS NOT NULL FOR r IN c.attribute_finish_reasons])
-         THEN [finish_reason(r) FOR r IN c.attribute_finish_reasons] END
-        AS finish_reasons,
+    CASE WHEN list_bool_or([r IS NOT NULL FOR r IN c.output_finish_reasons]) THEN c.output_finish_reasons
+         WHEN list_bool_or([r IS NOT NULL FOR r IN c.attribute_finish_reasons])
+         THEN c.attribute_finish_reasons
+    END AS finish_reasons,
     c.temperature,
     c.top_p,
     c.max_tokens,
@@ -337,8 +404,7 @@ SELECT
     c.scope_name,
     c.gateway_call.trace_id AS superseded_by_trace_id,
     c.gateway_call.span_id AS superseded_by_span_id
-FROM normalized c
-LEFT JOIN span_identity i USING (trace_id, span_id);
+FROM normalized c;
 
 -- One row per model call (PLAN.md contract): client rows superseded by a gateway row are left out.
 CREATE OR REPLACE VIEW llm_calls AS

@@ -32,9 +32,9 @@ evaluations AS (
 -- Rewards on a client call span that a gateway row superseded belong to the gateway's llm_calls row.
 call_spans AS (
     SELECT trace_id, span_id,
-           coalesce(superseded_by_trace_id, trace_id) AS call_trace_id,
-           coalesce(superseded_by_span_id, span_id) AS call_span_id
-    FROM llm_call_rows
+           coalesce(gateway_call.trace_id, trace_id) AS call_trace_id,
+           coalesce(gateway_call.span_id, span_id) AS call_span_id
+    FROM llm_call_index
 )
 
 SELECT

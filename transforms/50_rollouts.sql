@@ -57,8 +57,8 @@ calls AS (
         count(*) FILTER (WHERE is_error) AS n_error_calls,
         min(policy_version) AS policy_version_min,
         max(policy_version) AS policy_version_max
-    FROM llm_calls
-    WHERE rollout_id IS NOT NULL
+    FROM llm_call_index
+    WHERE rollout_id IS NOT NULL AND gateway_call IS NULL  -- the rows of llm_calls
     GROUP BY rollout_id
 ),
 outcomes AS (

@@ -32,6 +32,7 @@ SPANS_SCHEMA = pa.schema(
         ("start_time_unix_nano", pa.uint64()),
         ("end_time_unix_nano", pa.uint64()),
         ("attributes", pa.string()),
+        ("content_attributes", pa.string()),
         ("dropped_attributes_count", pa.uint32()),
         ("events", pa.string()),
         ("dropped_events_count", pa.uint32()),
@@ -118,6 +119,26 @@ _EMPTY_OBJECT = b"{}"
 _EMPTY_ARRAY = b"[]"
 _SCALARS = frozenset({"string_value", "int_value", "double_value", "bool_value"})
 _PACKED_PREFIX = "otel_rl."
+# Span attributes that hold a call's content (messages, request and response bodies, tool definitions) go to
+# spans.content_attributes, so that the views parse the small rest of a call's attributes cheaply and the
+# content only when a query reads messages.
+CONTENT_ATTRIBUTES = frozenset(
+    {
+        "gen_ai.input.messages",
+        "gen_ai.output.messages",
+        "gen_ai.system_instructions",
+        "gen_ai.tool.definitions",
+        "input.value",
+        "output.value",
+    }
+)
+CONTENT_ATTRIBUTE_PREFIXES = (
+    "llm.input_messages.",
+    "llm.output_messages.",
+    "llm.tools.",
+    "gen_ai.prompt.",
+    "gen_ai.completion.",
+)
 Blake2b = type(hashlib.blake2b())
 
 
@@ -195,23 +216,29 @@ def _take_packed(tokens: PackedTokens, key: str, data: bytes) -> bool:
     return True
 
 
-def _span_attributes(kvs: Iterable, trace_id: str, span_id: str) -> tuple[bytes, PackedTokens | None]:
-    """Span attributes as JSON, with packed `otel_rl.*` token arrays taken out (the hot loop of ingest)."""
+def _span_attributes(
+    kvs: Iterable, trace_id: str, span_id: str
+) -> tuple[bytes, bytes | None, PackedTokens | None]:
+    """Span attributes as JSON, then its content attributes as JSON (None without any), with packed
+    `otel_rl.*` token arrays taken out (the hot loop of ingest)."""
     out = {}
+    content = {}
     tokens = None
     for kv in kvs:
+        key = kv.key
+        target = content if key in CONTENT_ATTRIBUTES or key.startswith(CONTENT_ATTRIBUTE_PREFIXES) else out
         v = kv.value
         kind = v.WhichOneof("value")
         if kind in _SCALARS:
-            out[kv.key] = getattr(v, kind)
-        elif kind == "bytes_value" and kv.key.startswith(_PACKED_PREFIX):
+            target[key] = getattr(v, kind)
+        elif kind == "bytes_value" and key.startswith(_PACKED_PREFIX):
             if tokens is None:
                 tokens = PackedTokens(trace_id, span_id)
-            if not _take_packed(tokens, kv.key, v.bytes_value):
-                out[kv.key] = _any_value(v)
+            if not _take_packed(tokens, key, v.bytes_value):
+                out[key] = _any_value(v)
         else:
-            out[kv.key] = _any_value(v)
-    return (_dumps(out) if out else _EMPTY_OBJECT), tokens
+            target[key] = _any_value(v)
+    return (_dumps(out) if out else _EMPTY_OBJECT), (_dumps(content) if content else None), tokens
 
 
 def _events_json(events: Iterable) -> bytes:
@@ -260,7 +287,7 @@ def traces_to_tables(req: ExportTraceServiceRequest, received_at: datetime) -> d
             for span in ss.spans:
                 tid = span.trace_id.hex()
                 sid = span.span_id.hex()
-                attrs_json, tokens = _span_attributes(span.attributes, tid, sid)
+                attrs_json, content_json, tokens = _span_attributes(span.attributes, tid, sid)
                 if tokens is not None:
                     packed.append(tokens)
                 status = span.status
@@ -276,6 +303,7 @@ def traces_to_tables(req: ExportTraceServiceRequest, received_at: datetime) -> d
                         span.start_time_unix_nano,
                         span.end_time_unix_nano,
                         attrs_json,
+                        content_json,
                         span.dropped_attributes_count,
                         _events_json(span.events) if span.events else _EMPTY_ARRAY,
                         span.dropped_events_count,

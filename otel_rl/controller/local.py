@@ -244,6 +244,8 @@ class Controller:
         finally:
             # Nothing a rollout started may outlive it (also on cancellation).
             _signal_group(process.pid, signal.SIGKILL)
+            if process.returncode is None:  # cancelled while it ran: reap it before the event loop ends
+                await process.wait()
         through_shell = isinstance(self.settings.command, str)
         return classify(returncode, timed_out=timed_out, through_shell=through_shell), returncode
 

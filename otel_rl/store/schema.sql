@@ -1,6 +1,12 @@
 -- Raw OTLP tables: every field an exporter sends, one row per span / log record / metric data point.
 -- JSON columns hold OTLP key-value lists as objects ({"key": value}); AnyValue maps to JSON
 -- (string, bool, int, double, array, kvlist -> object, bytes -> base64 string).
+-- A span's attributes are split in two objects that together hold every attribute: `content_attributes`
+-- holds those carrying a call's content (gen_ai.input.messages, gen_ai.output.messages,
+-- gen_ai.system_instructions, gen_ai.tool.definitions, input.value, output.value and the keys under
+-- llm.input_messages., llm.output_messages., llm.tools., gen_ai.prompt., gen_ai.completion.;
+-- otel_rl/collector/flatten.py CONTENT_ATTRIBUTES), `attributes` the rest, so that reading ids, models or
+-- usage never parses message text.
 -- Timestamps are kept as the exporter sent them (unsigned nanoseconds since the epoch).
 
 CREATE TABLE IF NOT EXISTS spans (
@@ -13,7 +19,8 @@ CREATE TABLE IF NOT EXISTS spans (
     kind                    TINYINT,            -- OTLP SpanKind: 0 unspecified, 1 internal, 2 server, 3 client, 4 producer, 5 consumer
     start_time_unix_nano    UBIGINT,
     end_time_unix_nano      UBIGINT,
-    attributes              JSON,
+    attributes              JSON,               -- every attribute but the content ones (above)
+    content_attributes      JSON,               -- the content attributes, NULL when none
     dropped_attributes_count UINTEGER,
     events                  JSON,               -- [{"time_unix_nano", "name", "attributes", "dropped_attributes_count"}]
     dropped_events_count    UINTEGER,
