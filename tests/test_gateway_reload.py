@@ -163,14 +163,15 @@ def test_calls_outliving_the_drain_deadline_are_aborted_and_their_retries_succee
             client = openai.AsyncOpenAI(base_url=gateway.url, api_key=ADMIN_TOKEN, max_retries=3)
             async with client:
                 return await client.chat.completions.create(
-                    model="tiny", messages=[{"role": "user", "content": PROMPTS[n]}], temperature=0,
-                    max_tokens=480, extra_body={"ignore_eos": True},  # ~0.5 s of decoding
+                    model="tiny", messages=[{"role": "user", "content": PROMPTS[n % len(PROMPTS)]}],
+                    temperature=0, max_tokens=480, extra_body={"ignore_eos": True},  # seconds, batched
                     extra_headers={"x-otel-rl-rollout-id": f"long-{n}"},
                 )  # fmt: skip
 
         async def scenario() -> tuple[list, httpx.Response]:
-            calls = asyncio.gather(*(long_call(n) for n in range(2)))
-            while gateway.gateway.coordinator.in_flight < 2:  # both are generating
+            # Six long generations batched together keep the server busy well past the reload's start.
+            calls = asyncio.gather(*(long_call(n) for n in range(6)))
+            while gateway.gateway.coordinator.in_flight < 6:  # all are generating
                 await asyncio.sleep(0.005)
             reloaded = await asyncio.to_thread(reload, gateway, 1, new_checkpoint)
             return await calls, reloaded
@@ -182,10 +183,10 @@ def test_calls_outliving_the_drain_deadline_are_aborted_and_their_retries_succee
         report = reloaded.json()
         assert report["aborted"] >= 1 and report["in_flight_at_pause"] >= report["aborted"]
         assert all(len(r.choices[0].message.content or "") > 0 for r in responses)  # the retries succeeded
-        spans = gateway.spans("attributes->>'otel_rl.rollout.id' LIKE 'long-%'", expect=2 + report["aborted"])
+        spans = gateway.spans("attributes->>'otel_rl.rollout.id' LIKE 'long-%'", expect=6 + report["aborted"])
         aborted = [s for s in spans if s["attributes"].get("error.type") == "aborted"]
         assert len(aborted) == report["aborted"]
         assert {s["attributes"]["otel_rl.policy.version"] for s in aborted} == {0}
         served = [s for s in spans if s["status_code"] != 2]
         assert {s["attributes"]["otel_rl.policy.version"] for s in served} == {1}
-        assert {s["attributes"]["otel_rl.rollout.id"] for s in served} == {"long-0", "long-1"}
+        assert {s["attributes"]["otel_rl.rollout.id"] for s in served} == {f"long-{n}" for n in range(6)}

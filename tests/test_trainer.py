@@ -9,6 +9,7 @@ import httpx
 import polars as pl
 import pytest
 import torch
+from test_vllm import reload_weights  # vLLM's run-time reload through its dev endpoints
 from transformers import AutoModelForCausalLM
 from typer.testing import CliRunner
 from verl.trainer.ppo.core_algos import (
@@ -226,17 +227,7 @@ def test_a_checkpoint_it_writes_reloads_in_vllm_changes_greedy_output_and_matche
     checkpoint = trainer.save(tmp_path / "step-1")
     assert (checkpoint / "model.safetensors").is_file() and (checkpoint / "tokenizer.json").is_file()
     try:
-        with httpx.Client(base_url=vllm_server.url, timeout=120) as client:
-            for path, body in [  # vLLM's run-time reload (docs/gateway.md does this for every server)
-                ("/pause?mode=wait", None),
-                (
-                    "/collective_rpc",
-                    {"method": "reload_weights", "kwargs": {"weights_path": str(checkpoint)}},
-                ),
-                ("/reset_prefix_cache", None),
-                ("/resume", None),
-            ]:
-                client.post(path, json=body).raise_for_status()
+        reload_weights(vllm_server, checkpoint)
         after = complete(temperature=0)["token_ids"]
         reloaded = AutoModelForCausalLM.from_pretrained(checkpoint)
         assert after != before
@@ -265,12 +256,7 @@ def test_a_checkpoint_it_writes_reloads_in_vllm_changes_greedy_output_and_matche
         metrics = trainer.step(to_dataproto(frame, trainer.tokenizer.pad_token_id))
         assert metrics["mismatch"] < 1e-4  # float32 vLLM and the float32 trainer agree on every token
     finally:
-        with httpx.Client(base_url=vllm_server.url, timeout=120) as client:
-            client.post("/pause?mode=wait").raise_for_status()
-            reload = {"method": "reload_weights", "kwargs": {"weights_path": str(tiny_model_dir)}}
-            client.post("/collective_rpc", json=reload).raise_for_status()
-            client.post("/reset_prefix_cache").raise_for_status()
-            client.post("/resume").raise_for_status()
+        reload_weights(vllm_server, tiny_model_dir)  # the session's server serves the base weights
 
 
 def test_config_errors_name_the_field_and_the_problem(tmp_path):

@@ -253,9 +253,10 @@ normalized AS (
                        THEN 'text_completion' ELSE 'chat' END
              ELSE a."gen_ai.operation.name" END AS operation,
         coalesce(a."gen_ai.provider.name", a."gen_ai.system", a."llm.system", a."llm.provider") AS provider,
-        -- OpenInference's opt-in gen_ai.request.model holds the response model: read the request body first.
+        -- OpenInference's opt-in gen_ai.request.model holds the response model: read the request's model
+        -- first: its invocation parameters (a small document), else the request body.
         CASE WHEN span_dialect = 'openinference'
-             THEN coalesce(oi_request.model, oi_params ->> 'model', a."gen_ai.request.model")
+             THEN coalesce(oi_params ->> 'model', oi_request.model, a."gen_ai.request.model")
              ELSE a."gen_ai.request.model" END AS request_model,
         -- As sent: Traceloop strips the "org/" prefix ("Qwen3-0.6B"), the others keep it.
         coalesce(a."gen_ai.response.model", oi_response.model, a."llm.model_name") AS response_model,
