@@ -1,10 +1,12 @@
-"""`otel-rl demo --quick`: every stage of the demo runs through the real server, gateway, vLLM, harnesses."""
+"""`otel-rl demo --quick` runs every stage through the real server, gateway, vLLM and harnesses; then the
+offline modes of `otel-rl train` learn from the store it leaves."""
 
 import json
 import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from test_vllm import reload_weights  # vLLM's run-time reload through its dev endpoints
 
 from otel_rl.demo import QUICK
@@ -13,8 +15,10 @@ from otel_rl.query import query
 OTEL_RL = Path(sys.executable).parent / "otel-rl"
 
 
-def test_quick_demo_trains_through_the_whole_pipeline_and_reports(vllm_server, tiny_model_dir, tmp_path):
-    workdir = tmp_path / "demo"
+@pytest.fixture(scope="module")
+def quick_demo(vllm_server, tiny_model_dir, tmp_path_factory) -> tuple[Path, subprocess.CompletedProcess]:
+    """The quick demo, run once on the session's vLLM server (the demo's model is the same seeded one)."""
+    workdir = tmp_path_factory.mktemp("quick_demo") / "demo"
     try:
         done = subprocess.run(
             [str(OTEL_RL), "demo", "--quick", "--workdir", str(workdir), "--vllm", vllm_server.url],
@@ -25,6 +29,11 @@ def test_quick_demo_trains_through_the_whole_pipeline_and_reports(vllm_server, t
     finally:
         reload_weights(vllm_server, tiny_model_dir)  # the session's server serves the base weights
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    return workdir, done
+
+
+def test_quick_demo_trains_through_the_whole_pipeline_and_reports(quick_demo):
+    workdir, done = quick_demo
     assert "held-out greedy success" in done.stdout and "otel-rl sql --db" in done.stdout
 
     report = json.loads((workdir / "report.json").read_text())
@@ -33,7 +42,7 @@ def test_quick_demo_trains_through_the_whole_pipeline_and_reports(vllm_server, t
     assert report["wall_seconds"] > 0
     assert (workdir / "reward_curve.png").read_bytes().startswith(b"\x89PNG")
     assert "otel-rl sql" in (workdir / "report.md").read_text()
-    # Every update trained on what vLLM served: float32 both sides, so the logprobs agree.
+    # Every update trained on what vLLM served: float32 on both sides, so the logprobs agree.
     assert all(step["trainer"]["mismatch"] < 1e-4 for step in report["train_steps"])
 
     def sql(statement: str) -> list[tuple]:
@@ -46,3 +55,48 @@ def test_quick_demo_trains_through_the_whole_pipeline_and_reports(vllm_server, t
     assert sql("SELECT count(*) FROM rollouts WHERE split = 'val'")[0][0] == 2 * QUICK.val_tasks
     versions = sql("SELECT DISTINCT policy_version FROM llm_calls WHERE split = 'train' ORDER BY 1")
     assert len(versions) >= 2  # the harnesses were served by successive reloaded policies
+
+
+def offline_config(workdir: Path, output: Path) -> Path:
+    path = output.parent / f"{output.name}.yaml"
+    path.write_text(
+        f"model: {workdir / 'model-init'}\noutput_dir: {output}\nsteps: 2\n"
+        f"server: {{db: {workdir / 'otel_rl.duckdb'}}}\n"
+        "reward: {trusted_sources: [harness]}\nalgorithm: {groups_per_step: 1}\n"
+    )
+    return path
+
+
+def test_offline_rl_on_stored_rollouts_is_importance_corrected_against_their_logprobs(quick_demo, tmp_path):
+    workdir, _ = quick_demo
+    config = offline_config(workdir, tmp_path / "offline")
+    where = "split = 'train' AND group_id IS NOT NULL"
+    done = subprocess.run(
+        [str(OTEL_RL), "train", "--config", str(config), "--offline", "--where", where],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    metrics = [json.loads(line) for line in (tmp_path / "offline" / "metrics.jsonl").read_text().splitlines()]
+    assert [m["step"] for m in metrics] == [1, 2]
+    # The stored rollouts were sampled by the fine-tuned policies, not by the untrained model trained here.
+    assert all(m["mismatch"] > 0.01 and 0 < m["is_weight_mean"] <= 2 for m in metrics)
+    assert (tmp_path / "offline" / "step-2" / "model.safetensors").is_file()
+
+
+def test_sft_from_traces_keeps_only_rollouts_above_the_reward_threshold(quick_demo, tmp_path):
+    workdir, _ = quick_demo
+    config = offline_config(workdir, tmp_path / "sft")
+    where = "service_name = 'expert_agent'"
+    command = [str(OTEL_RL), "train", "--config", str(config), "--sft", "--where", where, "--min-reward", "1"]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    successes = query(
+        f"SELECT count(*) FROM rollouts WHERE {where} AND outcome_reward >= 1", db=workdir / "otel_rl.duckdb"
+    )
+    assert f"{successes.item()} conversations for SFT" in done.stdout
+    losses = [
+        json.loads(line)["loss"] for line in (tmp_path / "sft" / "metrics.jsonl").read_text().splitlines()
+    ]
+    assert len(losses) == 2 and (tmp_path / "sft" / "step-2" / "tokenizer.json").is_file()

@@ -2,6 +2,7 @@
 
 import asyncio
 import json
+import time
 import uuid
 from pathlib import Path
 
@@ -171,7 +172,9 @@ def test_calls_outliving_the_drain_deadline_are_aborted_and_their_retries_succee
         async def scenario() -> tuple[list, httpx.Response]:
             # Six long generations batched together keep the server busy well past the reload's start.
             calls = asyncio.gather(*(long_call(n) for n in range(6)))
-            while gateway.gateway.coordinator.in_flight < 6:  # all are generating
+            deadline = time.monotonic() + 60
+            while gateway.gateway.coordinator.in_flight < 3:  # most are generating
+                assert time.monotonic() < deadline, "the long calls never got going"
                 await asyncio.sleep(0.005)
             reloaded = await asyncio.to_thread(reload, gateway, 1, new_checkpoint)
             return await calls, reloaded
@@ -184,7 +187,9 @@ def test_calls_outliving_the_drain_deadline_are_aborted_and_their_retries_succee
         assert report["aborted"] >= 1 and report["in_flight_at_pause"] >= report["aborted"]
         assert all(len(r.choices[0].message.content or "") > 0 for r in responses)  # the retries succeeded
         spans = gateway.spans("attributes->>'otel_rl.rollout.id' LIKE 'long-%'", expect=6 + report["aborted"])
-        aborted = [s for s in spans if s["attributes"].get("error.type") == "aborted"]
+        # vLLM answers a call cut during its prefill with an error status instead of finish_reason "abort":
+        # either way the gateway records a failed span of the old version.
+        aborted = [s for s in spans if s["status_code"] == 2]
         assert len(aborted) == report["aborted"]
         assert {s["attributes"]["otel_rl.policy.version"] for s in aborted} == {0}
         served = [s for s in spans if s["status_code"] != 2]

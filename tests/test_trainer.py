@@ -276,3 +276,20 @@ def test_config_errors_name_the_field_and_the_problem(tmp_path):
     result = CliRunner().invoke(app, ["train", "--config", str(path), "--offline"])
     assert result.exit_code == 1 and "offline RL needs a rollout filter" in result.output
     assert load_config(path, {"offline": {"where": "true"}}).offline.where == "true"
+
+
+def test_sft_command_fine_tunes_on_a_chat_jsonl_file(tiny_model_dir, tmp_path):
+    rng = random.Random(2)
+    tasks = calc_task.sample_tasks(calc_task.split_problems(0)[0], 8, "train", seed=2)
+    chats = tmp_path / "chats.jsonl"
+    chats.write_text("".join(json.dumps(expert_chat(task, rng)) + "\n" for task in tasks))
+    config = tmp_path / "sft.yaml"
+    config.write_text(
+        f"model: {tiny_model_dir}\noutput_dir: {tmp_path / 'out'}\nsteps: 3\noffline: {{sft_batch_size: 4}}\n"
+    )
+
+    result = CliRunner().invoke(app, ["train", "--config", str(config), "--sft", "--chats", str(chats)])
+    assert result.exit_code == 0, result.output
+    metrics = [json.loads(line) for line in (tmp_path / "out" / "metrics.jsonl").read_text().splitlines()]
+    assert [m["step"] for m in metrics] == [1, 2, 3] and all(m["loss"] > 0 for m in metrics)
+    assert (tmp_path / "out" / "step-3" / "model.safetensors").is_file()

@@ -23,21 +23,30 @@ def train_command(
     min_reward: Annotated[
         float | None, typer.Option(help="--sft: keep rollouts whose reward is at least this")
     ] = None,
+    chats: Annotated[
+        Path | None,
+        typer.Option(help="--sft: a chat JSONL file (OpenAI fine-tuning format) instead of the store"),
+    ] = None,
 ) -> None:
     """Train the policy: online (the harnesses run against the gateway while it learns), `--offline` from
     stored rollouts with importance correction, or `--sft` (rejection sampling with --min-reward)."""
     from rich.console import Console
+    from transformers.utils import logging as hf_logging
 
+    from otel_rl.query import QueryError
     from otel_rl.train.config import ConfigError, load_config
+    from otel_rl.train.online import OnlineTrainingError
 
+    hf_logging.disable_progress_bar()  # our own progress bars say what is happening
     console = Console()
     if offline and sft:
         raise typer.BadParameter("choose one of --offline and --sft", param_hint="--offline/--sft")
     if (where is not None or min_reward is not None) and not (offline or sft):
         raise typer.BadParameter("--where and --min-reward apply to --offline or --sft", param_hint="--where")
-    overrides = {
-        "offline": {k: v for k, v in (("where", where), ("min_reward", min_reward)) if v is not None}
-    }
+    if chats is not None and not sft:
+        raise typer.BadParameter("--chats applies to --sft", param_hint="--chats")
+    flags = {"where": where, "min_reward": min_reward, "chats": chats and str(chats)}
+    overrides = {"offline": {key: value for key, value in flags.items() if value is not None}}
     try:
         settings = load_config(config, overrides)
         if offline:
@@ -53,7 +62,7 @@ def train_command(
 
             result = run_online(settings, console)
             checkpoint = f"{settings.output_dir} ({len(result.steps)} steps in {result.wall_s:.0f} s)"
-    except (ConfigError, ValueError) as error:
+    except (ConfigError, ValueError, QueryError, OnlineTrainingError) as error:
         console.print(f"[red]error:[/] {error}")
         raise typer.Exit(1) from None
     console.print(f"policy checkpoints: {checkpoint}")

@@ -95,6 +95,7 @@ class OfflineSettings(_Section):
     where: str | None = None  # SQL predicate over the `rollouts` view (offline RL)
     min_reward: float | None = None  # SFT keeps rollouts whose outcome reward is at least this (None: all)
     sft_batch_size: int = Field(32, ge=1)  # conversations per SFT step
+    chats: Path | None = None  # SFT from this chat JSONL (OpenAI fine-tuning format) instead of the store
 
 
 class TrainConfig(_Section):

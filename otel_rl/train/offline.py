@@ -114,15 +114,18 @@ def offline_rl(config: TrainConfig, console: Console) -> Path:
 
 def sft_from_traces(config: TrainConfig, console: Console) -> Path:
     """SFT on the conversations of the stored rollouts matching `offline.where` (default: all) whose reward
-    is at least `offline.min_reward` (default: any): rejection-sampling fine-tuning. Returns the last
-    checkpoint."""
-    from otel_rl.train.sft import sft_batches
+    is at least `offline.min_reward` (default: any): rejection-sampling fine-tuning. Or, with
+    `offline.chats`, on the conversations of that chat JSONL file. Returns the last checkpoint."""
+    from otel_rl.train.sft import read_chats, sft_batches
     from otel_rl.transforms.export import sft_records
 
     trainer = Trainer(config)
-    where = config.offline.where or "true"
-    with console.status("reading conversations from the store"):
-        chats = sft_records(*stored_samples(config, where, trainer.tokenizer), config.offline.min_reward)
+    if config.offline.chats is not None:
+        chats = read_chats(config.offline.chats)
+    else:
+        where = config.offline.where or "true"
+        with console.status("reading conversations from the store"):
+            chats = sft_records(*stored_samples(config, where, trainer.tokenizer), config.offline.min_reward)
     console.print(f"{len(chats)} conversations for SFT")
     batches = sft_batches(trainer.tokenizer, chats, config.offline.sft_batch_size, config.seed)
     return train_loop(config, trainer, lambda: trainer.sft_step(*next(batches)), console, "SFT")

@@ -17,7 +17,10 @@ def read_chats(path: Path) -> list[Chat]:
     for number, line in enumerate(Path(path).read_text().splitlines(), 1):
         if not line.strip():
             continue
-        chat = json.loads(line)
+        try:
+            chat = json.loads(line)
+        except json.JSONDecodeError as error:
+            raise ValueError(f"{path}:{number}: not JSON ({error})") from None
         if not isinstance(chat, dict) or not isinstance(chat.get("messages"), list):
             raise ValueError(f"{path}:{number}: expected an object with a `messages` list")
         chats.append(chat)
