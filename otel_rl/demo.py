@@ -42,10 +42,9 @@ class DemoPlan:
     concurrency: int  # harness processes at a time
 
 
-# Measured: 2,000-4,000 expert transcripts and 800 SFT steps give 32-38% greedy held-out success (digit
-# copying appears only after ~500 steps); 15 GRPO steps of 4 groups × 8 rollouts at lr 1e-4 then gave 63%
-# through the pipeline (≈70% with in-process sampling). Rollouts, not the model, cost the time: each harness
-# process spends ≈2 s of CPU starting up.
+# Measured (docs/training.md): 2,000 expert transcripts and 800 SFT steps give 38% greedy held-out success
+# (digit copying appears only after ~500 steps); 15 GRPO steps of 4 groups × 8 rollouts at lr 1e-4 then gave
+# 70.5%. Rollouts, not the model, take the time: each harness process spends ≈2 s of CPU starting up.
 FULL = DemoPlan(
     expert_rollouts=2000,
     sft_steps=800,
