@@ -20,18 +20,6 @@ PHRASINGS = (
     "Work out {a} {op} {b} for me.",
 )
 HELDOUT_SIZE = 200
-CALC_TOOL = {
-    "type": "function",
-    "function": {
-        "name": "calc",
-        "description": "Evaluate an arithmetic expression and return the result.",
-        "parameters": {
-            "type": "object",
-            "properties": {"expression": {"type": "string", "description": "for example 37+48"}},
-            "required": ["expression"],
-        },
-    },
-}
 _PROBLEM_IN_TEXT = re.compile(r"(\d+) ([-+*]) (\d+)")
 _INTEGER = re.compile(r"-?\d+")
 
