@@ -33,6 +33,7 @@ from otel_rl import attributes as names
 from otel_rl.collector.rewards import RewardIn, reward_log_request
 from otel_rl.store import Store
 from otel_rl.transforms.export import pad, to_dataproto
+from otel_rl.transforms.merge import flat_lists
 from otel_rl.transforms.samples import SampleOptions, build_samples, load_inputs
 
 WORDS = [f"w{i}" for i in range(2000)]
@@ -151,14 +152,31 @@ def fill_store(store: Store, rollouts: list[tuple[str, str, list[Call]]], *, wit
         store.ingest_logs(reward_log_request(reward, now_ns=time.time_ns()))
 
 
+def copy_rows(series: pl.Series, width: int, fill: float, *, left: bool, dtype: type) -> np.ndarray:
+    """A list column copied into a padded array with one slice assignment per row."""
+    values, offsets = flat_lists(series)
+    out = np.full((len(offsets) - 1, width), fill, dtype=dtype)
+    for row, (start, end) in enumerate(zip(offsets[:-1].tolist(), offsets[1:].tolist(), strict=True)):
+        if left:
+            out[row, width - (end - start) :] = values[start:end]
+        else:
+            out[row, : end - start] = values[start:end]
+    return out
+
+
 def numpy_limit(columns: list[tuple[pl.Series, bool, type]], repeats: int = 5) -> float:
-    """CPU seconds NumPy needs just to copy list columns into padded arrays (left- or right-aligned)."""
+    """CPU seconds NumPy needs just to copy list columns into padded arrays (left- or right-aligned).
+
+    The faster of two copies: one masked assignment per column (`export.pad`), or one slice assignment per
+    row (faster for few long rows, as here); the limit is what NumPy can do, not what the pipeline does.
+    """
     best = float("inf")
-    for _ in range(repeats):
-        start = time.process_time()
-        for series, left, dtype in columns:
-            pad(series, int(series.list.len().max()), 0, left=left, dtype=dtype)
-        best = min(best, time.process_time() - start)
+    for copy in (pad, copy_rows):
+        for _ in range(repeats):
+            start = time.process_time()
+            for series, left, dtype in columns:
+                copy(series, int(series.list.len().max()), 0, left=left, dtype=dtype)
+            best = min(best, time.process_time() - start)
     return best
 
 
@@ -183,9 +201,11 @@ def timed_exact(db: Path, repeats: int) -> dict[str, float]:
         t3 = time.process_time()
         for step, seconds in (("read", t1 - t0), ("build", t2 - t1), ("pad", t3 - t2), ("total", t3 - t0)):
             best[step] = min(best.get(step, float("inf")), seconds)
-    start = time.process_time()
-    con.sql("SELECT prompt_token_ids, choice_token_ids, choice_logprobs FROM call_tokens").to_arrow_table()
-    best["raw_read"] = time.process_time() - start
+    raw = "SELECT prompt_token_ids, choice_token_ids, choice_logprobs FROM call_tokens"
+    for _ in range(repeats):
+        start = time.process_time()
+        con.sql(raw).to_arrow_table()
+        best["raw_read"] = min(best.get("raw_read", float("inf")), time.process_time() - start)
     con.close()
     # the limit: copying the samples' tokens (ids, mask, logprobs) into the padded arrays a trainer takes
     best["limit"] = numpy_limit(
@@ -285,10 +305,11 @@ def main() -> None:
             f"{vs:.1%}" if vs is not None else "",
         )
 
-    row("read through the views", exact["read"], tokens, None, None)
-    row("  (raw call_tokens table, no views)", exact["raw_read"], tokens, None, None)
-    row("build samples", exact["build"], tokens, None, None)
-    row("pad into a DataProto", exact["pad"], tokens, None, None)
+    # each step alone against the limit too: what bounds the total
+    row("read through the views", exact["read"], tokens, None, limit / exact["read"])
+    row("  (raw call_tokens table, no views)", exact["raw_read"], tokens, None, limit / exact["raw_read"])
+    row("build samples", exact["build"], tokens, None, limit / exact["build"])
+    row("pad into a DataProto", exact["pad"], tokens, None, limit / exact["pad"])
     row("exact ids: store -> padded, total", exact["total"], tokens, n, limit / exact["total"])
     row(
         "  without the views' read",
@@ -323,8 +344,11 @@ def main() -> None:
         f"{int(exact['read_tokens']):,} tokens read (every call's prompt and answer). Retokenized run: "
         f"{args.retok_rollouts} rollouts, calls {retok['token_sources']} (its tokens/s: tokens encoded)."
     )
-    meets = limit / exact["total"] >= 0.25 and tokens / exact["total"] >= 2e6
-    console.print(f"target (total >= 25% of the limit and >= 2M tokens/s): {'met' if meets else 'missed'}")
+    for aim, met in (
+        (">= 2M tokens/s", tokens / exact["total"] >= 2e6),
+        (">= 25% of the limit", limit / exact["total"] >= 0.25),
+    ):
+        console.print(f"aim (store -> padded, total) {aim}: {'met' if met else 'missed'}")
 
 
 if __name__ == "__main__":

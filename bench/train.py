@@ -8,6 +8,7 @@ calculator harness (examples/calc_agent.py) as processes under the rollout contr
 """
 
 import argparse
+import json
 import os
 import socket
 import subprocess
@@ -86,6 +87,40 @@ def controller_overhead(console: Console, url: str, log_dir: Path, n: int) -> No
     )
 
 
+def harness_starts(console: Console, url: str, log_dir: Path, tasks: list[dict], concurrency: int) -> None:
+    """The calculator agent on the same tasks as fresh processes and forked from a preloading fork server:
+    wall time and CPU seconds of the harness processes per rollout (children's CPU, this process's
+    excluded; a fork server's children are counted when it exits, at the end of `run`)."""
+    client = ServerClient(url, TOKEN)
+    harness = [sys.executable, str(ROOT / "examples" / "calc_agent.py")]
+    figures = {}
+    for mode, preload in (("fresh processes", ()), ("forked (preload)", ("openai", "otel_rl"))):
+        settings = ControllerSettings(
+            command=harness, concurrency=concurrency, timeout_s=120, log_dir=log_dir, preload=preload
+        )
+        controller = Controller(
+            settings, otlp_endpoint=url, openai_base_url=f"{url}/v1", token=TOKEN,
+            issue_key=client.issue_rollout_key,
+        )  # fmt: skip
+        rollouts = [r for task in tasks for r in group_rollouts(task["id"], task, 1)]
+        before, started = os.times(), time.perf_counter()
+        results = controller.run(rollouts)
+        wall, after = time.perf_counter() - started, os.times()
+        controller.close()
+        cpu = (after.children_user + after.children_system) - (before.children_user + before.children_system)
+        figures[mode] = (wall / len(rollouts), cpu / len(rollouts))
+        statuses = dict(Counter(result.status.value for result in results))
+        console.print(
+            f"{mode}: {len(rollouts)} calculator rollouts, {wall:.1f} s wall, "
+            f"{cpu / len(rollouts):.2f} harness CPU-s a rollout; statuses {statuses}"
+        )
+    (fresh_wall, fresh_cpu), (forked_wall, forked_cpu) = figures.values()
+    console.print(
+        f"forked vs fresh: {fresh_cpu / forked_cpu:.1f}x less harness CPU a rollout, "
+        f"{fresh_wall / forked_wall:.1f}x the rollouts per second"
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -96,6 +131,7 @@ def main() -> None:
     parser.add_argument("--max-staleness", type=int, default=1)
     parser.add_argument("--concurrency", type=int, default=8)
     parser.add_argument("--in-flight", type=int, default=200, help="rollouts at once in the controller check")
+    parser.add_argument("--start-rollouts", type=int, default=48, help="rollouts in the harness start check")
     args = parser.parse_args()
     console = Console()
 
@@ -108,6 +144,8 @@ def main() -> None:
             server, url = start_server(workdir, vllm.url)
             try:
                 controller_overhead(console, url, workdir / "sleep", args.in_flight)
+                starts = [json.loads(line) for line in tasks.read_text().splitlines()[: args.start_rollouts]]
+                harness_starts(console, url, workdir / "starts", starts, args.concurrency)
                 config = config_from_dict(
                     {
                         "model": str(model),
@@ -123,6 +161,7 @@ def main() -> None:
                         "online": {
                             "tasks": str(tasks),
                             "harness": [sys.executable, str(ROOT / "examples" / "calc_agent.py")],
+                            "preload": ["openai", "otel_rl"],
                             "concurrency": args.concurrency,
                             "timeout_s": 120,
                         },

@@ -55,6 +55,7 @@ def expert_server(seed: int) -> HTTPServer:
 
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"  # keep-alive, as the openai client expects
+        disable_nagle_algorithm = True  # headers and body go out in two writes: no 20-40 ms delayed-ACK stall
 
         def do_GET(self) -> None:
             if self.path.rstrip("/") != "/v1/models":

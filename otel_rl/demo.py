@@ -203,11 +203,17 @@ def rl_settings(
             "online": {
                 "tasks": str(tasks["train"]),
                 "harness": harness,
+                # each rollout forks from a process that imported these: no interpreter start-up per rollout
+                "preload": ["openai", "otel_rl"],
                 "concurrency": plan.concurrency,
                 "timeout_s": 120,
             },
-            # greedy: the policy's most likely behaviour, the least noisy measure of what it learned
-            "eval": {"tasks": str(tasks["val"]), "harness": [*harness, "--temperature", "0"]},
+            # greedy: the policy's most likely behaviour, the least noisy measure of what it learned;
+            # sampled (temperature 1): what the rollouts the policy trains on achieve
+            "eval": {
+                "tasks": str(tasks["val"]),
+                "harnesses": {"greedy": [*harness, "--temperature", "0"], "sampled": harness},
+            },
         }
     )
 
@@ -256,9 +262,13 @@ def run_demo(plan: DemoPlan, workdir: Path, console: Console, vllm_url: str | No
         result = run_online(rl_config, console)
         timings["stage2_s"] = time.monotonic() - stage
 
+    greedy = [record for record in result.evals if record.name == "greedy"]
+    sampled = [record for record in result.evals if record.name == "sampled"]
     report = {
-        "success_before": result.evals[0].success_rate,
-        "success_after": result.evals[-1].success_rate,
+        "success_before": greedy[0].success_rate,
+        "success_after": greedy[-1].success_rate,
+        "sampled_success_before": sampled[0].success_rate,
+        "sampled_success_after": sampled[-1].success_rate,
         "steps": len(result.steps),
         "wall_seconds": time.monotonic() - started,
         "timings": timings,
@@ -289,14 +299,16 @@ def plot_rewards(report: dict[str, Any], path: Path) -> Path:
     figure, axis = plt.subplots(figsize=(7, 4))
     axis.plot(steps, success, marker=".", alpha=0.35, label="train success per step (sampled)")
     axis.plot(steps, [sum(w) / len(w) for w in window], label="train success, mean of last 5 steps")
-    axis.plot(
-        [e["step"] for e in report["evals"]],
-        [e["success_rate"] for e in report["evals"]],
-        marker="o",
-        markersize=9,
-        linestyle="none",
-        label="held-out success (greedy)",
-    )
+    for name, marker in (("greedy", "o"), ("sampled", "s")):
+        evals = [e for e in report["evals"] if e["name"] == name]
+        axis.plot(
+            [e["step"] for e in evals],
+            [e["success_rate"] for e in evals],
+            marker=marker,
+            markersize=9,
+            linestyle="none",
+            label=f"held-out success ({name})",
+        )
     axis.set_xlabel("RL step (policy version)")
     axis.set_ylabel("success rate")
     axis.set_ylim(0, 1)
@@ -332,6 +344,8 @@ def markdown_report(report: dict[str, Any]) -> str:
         f"- held-out success (greedy, {report['evals'][0]['rollouts']} problems): "
         f"{report['success_before']:.1%} before RL, {report['success_after']:.1%} after "
         f"{report['steps']} steps",
+        f"- held-out success (sampled at temperature 1): {report['sampled_success_before']:.1%} before RL, "
+        f"{report['sampled_success_after']:.1%} after",
         f"- wall time: {report['wall_seconds']:.0f} s "
         + ", ".join(
             f"{name.removesuffix('_s')} {seconds:.0f} s" for name, seconds in report["timings"].items()
@@ -363,6 +377,8 @@ def demo_command(
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()
+    # SIGTERM unwinds like Ctrl-C, so the server and vLLM this demo started are stopped too.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
     console = Console()
     try:
         report = run_demo(QUICK if quick else FULL, workdir, console, vllm)
@@ -370,11 +386,15 @@ def demo_command(
         console.print(f"[red]demo failed:[/] {error}")
         raise typer.Exit(1) from None
     console.rule("[bold]result")
-    change = report["success_after"] - report["success_before"]
-    console.print(
-        f"held-out greedy success: [bold]{report['success_before']:.1%} → {report['success_after']:.1%}[/] "
-        f"({change:+.1%}) after {report['steps']} RL steps; whole demo {report['wall_seconds']:.0f} s"
-    )
+    for name, before, after in (
+        ("greedy", report["success_before"], report["success_after"]),
+        ("sampled", report["sampled_success_before"], report["sampled_success_after"]),
+    ):
+        console.print(
+            f"held-out {name} success: [bold]{before:.1%} → {after:.1%}[/] ({after - before:+.1%}) "
+            f"after {report['steps']} RL steps"
+        )
+    console.print(f"whole demo {report['wall_seconds']:.0f} s")
     console.print(
         f"report: {workdir / 'report.md'}, {workdir / 'report.json'}, {workdir / 'reward_curve.png'}"
     )

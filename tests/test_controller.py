@@ -13,6 +13,7 @@ from opentelemetry.trace import SpanContext, TraceFlags
 from otel_rl import attributes as attr
 from otel_rl.controller import Controller, ControllerSettings, Rollout, RolloutStatus, new_id
 from otel_rl.controller.environment import CONTRACT_VARS, harness_argv, harness_environment
+from otel_rl.controller.forkserver import python_target
 from otel_rl.controller.local import classify
 from otel_rl.train.online import ServerClient
 
@@ -68,9 +69,10 @@ def is_gone(pid: int) -> bool:
         return True
 
 
-@pytest.fixture(scope="module")
-def probe_run(otel_rl_server, tmp_path_factory, monkeypatch_module):
-    """One controller run of every behaviour at once (they run concurrently), as the tests' shared scene."""
+@pytest.fixture(scope="module", params=["exec", "forked"])
+def probe_run(request, otel_rl_server, tmp_path_factory, monkeypatch_module):
+    """One controller run of every behaviour at once (they run concurrently), as the tests' shared scene:
+    each harness a fresh interpreter, or forked from a fork server that preloaded the OTel SDK."""
     out = tmp_path_factory.mktemp("probe")
     # What an operator's shell might hold: none of it may reach a harness.
     monkeypatch_module.setenv("OTEL_TRACES_EXPORTER", "console")
@@ -84,6 +86,7 @@ def probe_run(otel_rl_server, tmp_path_factory, monkeypatch_module):
         max_attempts=2,
         log_dir=out / "logs",
         env={"OTEL_SERVICE_NAME": "probe-harness"},
+        preload=("otel_rl", "opentelemetry.sdk.trace") if request.param == "forked" else (),
     )
     rollouts = {b: probe_rollout(b, out) for b in ("ok", "fail", "crash", "hang", "crash_once")}
     controller = controller_for(otel_rl_server, settings)
@@ -227,6 +230,30 @@ def test_a_shell_command_gets_the_task_quoted_and_its_signal_deaths_count_as_cra
 def test_settings_may_not_overwrite_a_contract_variable():
     with pytest.raises(ValueError, match="OPENAI_API_KEY"):
         ControllerSettings(command=["agent"], env={"OPENAI_API_KEY": "x"})
+
+
+def test_preload_accepts_only_python_harness_commands():
+    assert python_target(["python3", "agent.py", "--x"]) == ("path", "agent.py", ["--x"])
+    assert python_target([sys.executable, "-m", "pkg.agent", "1"]) == ("module", "pkg.agent", ["1"])
+    for command in (["node", "agent.js"], ["python"], ["python", "-m"], ["python", "-u", "agent.py"]):
+        with pytest.raises(ValueError, match="python"):
+            ControllerSettings(command=command, preload=("openai",))
+    with pytest.raises(ValueError, match="argv list"):
+        ControllerSettings(command="python agent.py", preload=("openai",))
+
+
+def test_a_forked_harness_failing_before_it_runs_is_an_infra_error(otel_rl_server, tmp_path):
+    """The fork server cannot start (a module to preload does not exist): every attempt is an infra
+    error, retried, and the reason is in the fork server's log."""
+    settings = ControllerSettings(
+        command=[sys.executable, PROBE], preload=("no_such_module",), max_attempts=2, log_dir=tmp_path
+    )
+    controller = controller_for(otel_rl_server, settings)
+    [result] = controller.run([probe_rollout("ok", tmp_path)])
+    controller.close()
+    assert [a.status for a in result.attempts] == [RolloutStatus.INFRA_ERROR] * 2
+    assert "fork server did not start" in result.attempts[0].log_path.read_text()
+    assert "No module named 'no_such_module'" in (tmp_path / "forkserver.log").read_text()
 
 
 def test_identity_values_are_percent_encoded_in_resource_attributes():

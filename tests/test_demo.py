@@ -39,6 +39,8 @@ def test_quick_demo_trains_through_the_whole_pipeline_and_reports(quick_demo):
     report = json.loads((workdir / "report.json").read_text())
     assert report["steps"] == QUICK.rl_steps
     assert 0 <= report["success_before"] <= 1 and 0 <= report["success_after"] <= 1
+    assert 0 <= report["sampled_success_before"] <= 1 and 0 <= report["sampled_success_after"] <= 1
+    assert [e["name"] for e in report["evals"]] == ["greedy", "sampled"] * 2
     assert report["wall_seconds"] > 0
     assert (workdir / "reward_curve.png").read_bytes().startswith(b"\x89PNG")
     assert "otel-rl sql" in (workdir / "report.md").read_text()
@@ -52,7 +54,9 @@ def test_quick_demo_trains_through_the_whole_pipeline_and_reports(quick_demo):
     assert expert[0][0] == QUICK.expert_rollouts and 0.3 < expert[0][1] < 0.8  # noisy on purpose
     trained = QUICK.rl_steps * QUICK.groups_per_step * QUICK.group_size
     assert sql("SELECT count(*) FROM rollouts WHERE split = 'train' AND status = 'ok'")[0][0] >= trained
-    assert sql("SELECT count(*) FROM rollouts WHERE split = 'val'")[0][0] == 2 * QUICK.val_tasks
+    assert sql("SELECT count(*) FROM rollouts WHERE split = 'val'")[0][0] == 4 * QUICK.val_tasks
+    # The harnesses were forked warm from a fork server (the `preload` setting), one log per attempt.
+    assert (workdir / "rl" / "rollouts" / "forkserver.log").is_file()
     versions = sql("SELECT DISTINCT policy_version FROM llm_calls WHERE split = 'train' ORDER BY 1")
     assert len(versions) >= 2  # the harnesses were served by successive reloaded policies
 

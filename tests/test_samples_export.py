@@ -1,5 +1,6 @@
 """`otel-rl export samples|sft` end to end: gateway spans, a controller rollout span and graders' rewards in a
-real store, read back through the views by the CLI."""
+real store, read back through the views by the CLI; and the read behind it (`load_inputs`, which takes gateway
+calls from `gateway_call_tokens`) against `llm_calls`."""
 
 import json
 import time
@@ -16,7 +17,9 @@ from otel_rl.collector.rewards import RewardIn, reward_log_request
 from otel_rl.gateway.export import gateway_tracer_provider
 from otel_rl.gateway.outputs import CallOutput, ChoiceOutput, ToolCallOutput
 from otel_rl.gateway.recording import CallRecord, record_call
+from otel_rl.query import query
 from otel_rl.store import Store
+from otel_rl.transforms.samples import CALL_COLUMNS, ROLLOUT_COLUMNS, load_inputs
 
 QUESTION = [{"role": "user", "content": "What is 2+3?"}]
 TOOL_CALL = {
@@ -29,7 +32,6 @@ AFTER_TOOL.append({"role": "tool", "tool_call_id": "c1", "content": "5"})
 
 
 def _call(tracer, rollout: str, t: int, messages, prompt, answer, text="", tool_calls=()) -> None:
-    identity = {names.ROLLOUT_ID: rollout, names.GROUP_ID: "g", names.TASK_ID: "sum"}
     choice = ChoiceOutput(
         text=text,
         tool_calls=list(tool_calls),
@@ -37,6 +39,12 @@ def _call(tracer, rollout: str, t: int, messages, prompt, answer, text="", tool_
         logprobs=[-0.5] * len(answer),
         finish_reason="tool_calls" if tool_calls else "stop",
     )
+    _record(tracer, rollout, t, messages, CallOutput(prompt_token_ids=prompt, choices=[choice]))
+
+
+def _record(tracer, rollout: str, t: int, messages, output: CallOutput | None, error: str | None = None):
+    """One call's span as the gateway records it."""
+    identity = {names.ROLLOUT_ID: rollout, names.GROUP_ID: "g", names.TASK_ID: "sum"}
     request = {"model": "tiny", "messages": messages}
     record_call(
         tracer,
@@ -49,7 +57,8 @@ def _call(tracer, rollout: str, t: int, messages, prompt, answer, text="", tool_
             policy_version=3,
             start_ns=t,
             end_ns=t + 1000,
-            output=CallOutput(prompt_token_ids=prompt, choices=[choice]),
+            output=output,
+            error_type=error,
         ),
     )
 
@@ -143,3 +152,60 @@ def test_a_bad_where_clause_is_a_clear_error(store_path: Path, tmp_path: Path):
         ],
     )
     assert result.exit_code == 1 and "no_such_column" in result.output
+
+
+@pytest.fixture(scope="module")
+def mixed_store(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Gateway calls of every shape (n = 2 with an aborted choice, a failed call, a call without ids) in m1,
+    and a call recorded by a client instrumentation only (latest semconv, no ids) in m2."""
+    path = tmp_path_factory.mktemp("mixed") / "store.duckdb"
+    with Store(path) as store:
+        provider = gateway_tracer_provider(store.ingest_traces, flush_ms=10)
+        gateway = provider.get_tracer(names.GATEWAY_SCOPE)
+        t = time.time_ns()
+        _call(gateway, "m1", t, QUESTION, [1, 2, 3], [10, 11])
+        two = [
+            ChoiceOutput(text="5", token_ids=[12], logprobs=[-0.25], finish_reason="stop"),
+            ChoiceOutput(text="", token_ids=[13, 14], logprobs=[-1.0, -2.0], finish_reason="abort"),
+        ]
+        _record(gateway, "m1", t + 10, QUESTION, CallOutput(prompt_token_ids=[1, 2, 3], choices=two))
+        _record(gateway, "m1", t + 20, QUESTION, None, error="APIConnectionError")
+        _record(gateway, "m1", t + 30, QUESTION, CallOutput(choices=[ChoiceOutput(text="6")]))
+        client = provider.get_tracer("opentelemetry.instrumentation.openai_v2")
+        output = [{"role": "assistant", "parts": [{"type": "text", "content": "5"}], "finish_reason": "stop"}]
+        client.start_span(
+            "chat tiny",
+            attributes={
+                "gen_ai.operation.name": "chat",
+                "gen_ai.request.model": "tiny",
+                "gen_ai.output.messages": json.dumps(output),
+                names.ROLLOUT_ID: "m2",
+            },
+        ).end()
+        provider.force_flush()
+        provider.shutdown()
+    return path
+
+
+def test_gateway_call_tokens_has_the_llm_calls_values_of_every_gateway_call(mixed_store: Path):
+    columns = ", ".join(("trace_id", "attempt_id", "group_id", "task_id", "split", *CALL_COLUMNS))
+    light = query(f"SELECT {columns} FROM gateway_call_tokens ORDER BY start_time_unix_nano", db=mixed_store)
+    full = query(
+        f"SELECT {columns} FROM llm_calls WHERE dialect = 'gateway' ORDER BY start_time_unix_nano",
+        db=mixed_store,
+    )
+    assert light.equals(full)
+    assert light["finish_reasons"].to_list() == [["stop"], ["stop", "abort"], None, None]
+    assert light["is_error"].to_list() == [False, False, True, False]
+    assert light["completion_token_ids"].to_list() == [[[10, 11]], [[12], [13, 14]], None, None]
+
+
+def test_load_inputs_reads_the_calls_of_llm_calls_whatever_their_dialect(mixed_store: Path):
+    calls, rollouts, _ = load_inputs("true", lambda sql: query(sql, db=mixed_store))
+    expected = query(
+        f"SELECT {', '.join(CALL_COLUMNS)} FROM llm_calls WHERE rollout_id IS NOT NULL"
+        " ORDER BY rollout_id, start_time_unix_nano, span_id",
+        db=mixed_store,
+    )
+    assert calls.equals(expected) and calls["rollout_id"].to_list() == ["m1"] * 4 + ["m2"]
+    assert rollouts.columns == list(ROLLOUT_COLUMNS)

@@ -41,6 +41,13 @@ def resource_attributes(identity: Mapping[str, str]) -> str:
     return ",".join(f"{key}={quote(str(value), safe='')}" for key, value in identity.items())
 
 
+def base_environment(inherited: Mapping[str, str], user_env: Mapping[str, str]) -> dict[str, str]:
+    """What every harness process shares: the inherited environment, filtered, plus the user's settings."""
+    return {key: value for key, value in inherited.items() if not key.startswith(STRIPPED_PREFIXES)} | dict(
+        user_env
+    )
+
+
 def harness_environment(
     *,
     inherited: Mapping[str, str],
@@ -53,8 +60,7 @@ def harness_environment(
     task: Mapping[str, Any],
 ) -> dict[str, str]:
     """The complete environment of one harness process: inherited + user settings + the contract."""
-    env = {key: value for key, value in inherited.items() if not key.startswith(STRIPPED_PREFIXES)}
-    env.update(user_env)
+    env = base_environment(inherited, user_env)
     env.update(
         {
             "OTEL_EXPORTER_OTLP_ENDPOINT": otlp_endpoint,

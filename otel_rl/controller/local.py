@@ -19,7 +19,13 @@ from opentelemetry.sdk.trace.export import BatchSpanProcessor
 from opentelemetry.trace import Span, Status, StatusCode
 
 from otel_rl import attributes as attr
-from otel_rl.controller.environment import harness_argv, harness_environment, validate_user_env
+from otel_rl.controller.environment import (
+    base_environment,
+    harness_argv,
+    harness_environment,
+    validate_user_env,
+)
+from otel_rl.controller.forkserver import Forked, ForkServer, python_target
 
 
 class RolloutStatus(StrEnum):
@@ -94,10 +100,17 @@ class ControllerSettings:
     kill_grace_s: float = 5.0  # SIGTERM → SIGKILL delay when a timeout kills the process group
     log_dir: Path = Path(".otel_rl/rollouts")
     env: Mapping[str, str] = field(default_factory=dict)  # extra variables for every harness
+    # Python harnesses only: modules a fork server imports once; each attempt is then forked from it
+    # (forkserver.py) instead of starting a new interpreter. Empty: every attempt is a fresh exec.
+    preload: Sequence[str] = ()
 
     def __post_init__(self) -> None:
         if not self.command:
             raise ValueError("rollouts.command is empty: give the harness command (argv list or shell line)")
+        if self.preload:
+            if isinstance(self.command, str):
+                raise ValueError("rollouts.preload needs the command as an argv list: [python, SCRIPT, ...]")
+            python_target(self.command)
         if self.concurrency < 1 or self.max_attempts < 1 or self.timeout_s <= 0:
             raise ValueError("rollouts: concurrency and max_attempts must be >= 1, timeout_s > 0")
         validate_user_env(self.env)
@@ -142,14 +155,21 @@ class Controller:
         self._provider.add_span_processor(BatchSpanProcessor(exporter, schedule_delay_millis=100))
         self._tracer = self._provider.get_tracer(attr.CONTROLLER_SCOPE)
         self._slots: asyncio.Semaphore | None = None
+        self._forkserver: ForkServer | None = None
         settings.log_dir.mkdir(parents=True, exist_ok=True)
 
     def run(self, rollouts: Sequence[Rollout]) -> list[RolloutResult]:
         """Run all rollouts (at most concurrency at a time) and wait until their spans are exported."""
         self._slots = None  # a new event loop needs its own semaphore
-        results = asyncio.run(self.run_async(rollouts))
+        results = asyncio.run(self._run_and_stop(rollouts))
         self.flush()
         return results
+
+    async def _run_and_stop(self, rollouts: Sequence[Rollout]) -> list[RolloutResult]:
+        try:
+            return await self.run_async(rollouts)
+        finally:
+            await self.stop_forkserver()
 
     async def run_async(self, rollouts: Sequence[Rollout]) -> list[RolloutResult]:
         return list(await asyncio.gather(*(self.run_rollout(rollout) for rollout in rollouts)))
@@ -170,6 +190,12 @@ class Controller:
 
     def close(self) -> None:
         self._provider.shutdown()
+
+    async def stop_forkserver(self) -> None:
+        """With `preload`: end the fork server that serves this event loop (`run` does it itself)."""
+        if self._forkserver is not None:
+            await self._forkserver.stop()
+            self._forkserver = None
 
     def _concurrency(self) -> asyncio.Semaphore:
         # Created lazily: a semaphore binds to the running event loop.
@@ -225,15 +251,18 @@ class Controller:
             task=rollout.task,
         )
         argv = harness_argv(self.settings.command, rollout.task)
-        with log_path.open("wb") as log:
-            process = await asyncio.create_subprocess_exec(
-                *argv,
-                env=env,
-                stdin=asyncio.subprocess.DEVNULL,
-                stdout=log,
-                stderr=asyncio.subprocess.STDOUT,
-                start_new_session=True,  # its own process group, so that a kill reaches every descendant
-            )
+        if self.settings.preload:
+            process = await self._forked(argv, env, log_path)
+        else:
+            with log_path.open("wb") as log:
+                process = await asyncio.create_subprocess_exec(
+                    *argv,
+                    env=env,
+                    stdin=asyncio.subprocess.DEVNULL,
+                    stdout=log,
+                    stderr=asyncio.subprocess.STDOUT,
+                    start_new_session=True,  # its own process group, so that a kill reaches every descendant
+                )
         timed_out = False
         try:
             try:
@@ -249,7 +278,18 @@ class Controller:
         through_shell = isinstance(self.settings.command, str)
         return classify(returncode, timed_out=timed_out, through_shell=through_shell), returncode
 
-    async def _terminate(self, process: asyncio.subprocess.Process) -> int:
+    async def _forked(self, argv: list[str], env: Mapping[str, str], log_path: Path) -> Forked:
+        # Created lazily, like the semaphore: its pipes belong to the running event loop.
+        if self._forkserver is None:
+            self._forkserver = ForkServer(
+                argv[0],
+                self.settings.preload,
+                base_environment(os.environ, self.settings.env),
+                self.settings.log_dir / "forkserver.log",
+            )
+        return await self._forkserver.spawn(argv, env, log_path)
+
+    async def _terminate(self, process: asyncio.subprocess.Process | Forked) -> int:
         _signal_group(process.pid, signal.SIGTERM)
         try:
             return await asyncio.wait_for(process.wait(), self.settings.kill_grace_s)

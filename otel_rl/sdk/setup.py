@@ -170,6 +170,21 @@ def instrument_openai() -> tuple[str, ...]:
     return tuple(enabled)
 
 
+def warm_up() -> None:
+    """Import everything `instrument()` imports, setting nothing up: a fork server (the rollout controller's
+    `preload`) calls this once so that each harness it forks instruments itself in milliseconds. The
+    instrumentations import most of their modules only inside `instrument()`, hence the round trip."""
+    span_exporter(None)
+    log_exporter(None)
+    for module_name in OPENAI_INSTRUMENTATIONS:
+        try:
+            instrumentor = import_module(module_name).OpenAIInstrumentor()
+            instrumentor.instrument()
+        except ImportError:
+            continue
+        instrumentor.uninstrument()
+
+
 def v2_content_setting() -> str:
     """The official instrumentation's content switch: a mode on its latest-semconv path (util-genai >= 1.0,
     or opted in), a boolean on its legacy path."""

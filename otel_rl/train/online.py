@@ -292,6 +292,7 @@ class StepRecord:
 class EvalRecord:
     """One evaluation: every val task once, at one policy version (also an `otel_rl.train.eval` span)."""
 
+    name: str  # which eval command (eval.harnesses), "eval" for the single eval.harness
     step: int
     policy_version: int
     rollouts: int
@@ -402,6 +403,7 @@ class OnlineLoop:
             max_attempts=online.max_attempts,
             log_dir=config.output_dir / "rollouts",
             env=online.env,
+            preload=online.preload,
         )
         connection = {
             "otlp_endpoint": client.url,
@@ -410,13 +412,19 @@ class OnlineLoop:
             "issue_key": client.issue_rollout_key,
         }
         self.controller = Controller(train_settings, **connection)
-        eval_settings = replace(
-            train_settings,
-            command=config.eval.harness or online.harness,
-            env={**online.env, **config.eval.env},
-            log_dir=config.output_dir / "eval",
-        )
-        self.eval_controller = Controller(eval_settings, **connection)
+        eval_commands = config.eval.harnesses or {"eval": config.eval.harness or online.harness}
+        self.eval_controllers = {
+            name: Controller(
+                replace(
+                    train_settings,
+                    command=command,
+                    env={**online.env, **config.eval.env},
+                    log_dir=config.output_dir / "eval" / name,
+                ),
+                **connection,
+            )
+            for name, command in eval_commands.items()
+        }
         self.recorder = RunRecorder(client.url, client.token, self.run_id)
         self._finished: asyncio.Queue[_FinishedGroup] = asyncio.Queue()
         self._room = asyncio.Condition()
@@ -435,6 +443,8 @@ class OnlineLoop:
         steps: list[StepRecord] = []
         evals: list[EvalRecord] = []
         trainer = await asyncio.to_thread(Trainer, self.config.model_copy(update={"model": self.checkpoint}))
+        if self.state.step > 0:  # resuming: continue with the optimizer where the checkpoint left it
+            await asyncio.to_thread(trainer.load_state, self.checkpoint)
         await asyncio.to_thread(self._publish_start)
         for group_id in await asyncio.to_thread(self._reusable_groups):
             self._finished.put_nowait(_FinishedGroup(group_id, []))
@@ -446,21 +456,21 @@ class OnlineLoop:
                     "online", total=self.config.steps, completed=self.state.step, phase=""
                 )
                 if self.val_tasks and self.state.step == 0:
-                    evals.append(await self._evaluate())
+                    evals += await self._evaluate_all(progress.console)
                 while self.state.step < self.config.steps:
                     record = await self._step(trainer, lambda text: progress.update(bar, phase=text))
                     steps.append(record)
                     progress.update(bar, completed=self.state.step)
                     progress.console.print(format_step(record))
                     if self.val_tasks and self._eval_due():
-                        evals.append(await self._evaluate())
-                        progress.console.print(format_eval(evals[-1]))
+                        evals += await self._evaluate_all(progress.console)
         finally:
             launcher.cancel()
             for task in list(self._group_tasks):
                 task.cancel()
             await asyncio.gather(launcher, *self._group_tasks, return_exceptions=True)
-            for controller in (self.controller, self.eval_controller):
+            for controller in (self.controller, *self.eval_controllers.values()):
+                await controller.stop_forkserver()
                 controller.close()
             self.recorder.close()
         return OnlineResult(self.run_id, steps, evals, time.monotonic() - started)
@@ -546,7 +556,7 @@ class OnlineLoop:
             stale_total += stale
             collected = time.monotonic()
             show("building samples")
-            samples, report = await asyncio.to_thread(self._samples, groups, version, trainer.tokenizer)
+            samples, report = await asyncio.to_thread(self._samples, groups, version)
             transformed = time.monotonic()
             if samples.height:
                 break
@@ -640,17 +650,19 @@ class OnlineLoop:
                 )
             await asyncio.sleep(POLL_S)
 
-    def _samples(self, groups: list[str], version: int, tokenizer: Any) -> tuple[pl.DataFrame, Any]:
+    def _samples(self, groups: list[str], version: int) -> tuple[pl.DataFrame, Any]:
         from otel_rl.transforms.rewards import RewardSpec
-        from otel_rl.transforms.samples import SampleOptions, build_samples
+        from otel_rl.transforms.samples import CALL_COLUMNS, SampleOptions, build_samples
 
         attempts = self.client.query(final_attempts_sql(groups))
         rollouts = attempts.select(
             "rollout_id", pl.col("final_attempt").alias("attempt_id"), "group_id", "task_id", "status"
         )
+        # The policy's calls are the gateway's, with exact token ids; a harness's calls to any other model
+        # are not samples of the policy. gateway_call_tokens reads just those, without parsing messages.
         calls = self.client.query(
-            f"SELECT * FROM llm_calls WHERE group_id IN {sql_list(groups)} "
-            "ORDER BY rollout_id, start_time_unix_nano"
+            f"SELECT {', '.join(CALL_COLUMNS)}, attempt_id FROM gateway_call_tokens "
+            f"WHERE group_id IN {sql_list(groups)} ORDER BY rollout_id, start_time_unix_nano"
         )
         rewards = self.client.query(
             f"SELECT * FROM rewards WHERE rollout_id IN {sql_list(rollouts['rollout_id'].to_list())}"
@@ -663,33 +675,44 @@ class OnlineLoop:
             current_policy_version=version,
             max_staleness=self.config.algorithm.max_staleness,
         )
-        return build_samples(calls, rollouts, rewards, tokenizer=tokenizer, options=options)
+        return build_samples(calls, rollouts, rewards, options=options)  # exact ids: no tokenizer needed
 
     def _save(self, trainer: Any) -> Path:
         """step-N: the weights vLLM reloads, plus the state a restart resumes from (written atomically)."""
         final = self.config.output_dir / f"step-{self.state.step}"
         partial = self.config.output_dir / f".step-{self.state.step}.partial"
         trainer.save(partial)
+        state_file = trainer.save_state(partial).name
         (partial / STATE_FILE).write_text(json.dumps(asdict(self.state)))
         if final.exists():
             import shutil
 
             shutil.rmtree(final)
         os.replace(partial, final)
+        # Only the newest checkpoint is resumed from: older ones keep their weights, not the optimizer.
+        (self.config.output_dir / f"step-{self.state.step - 1}" / state_file).unlink(missing_ok=True)
         return final
 
     # --- evaluation ----------------------------------------------------------------------------------
 
-    async def _evaluate(self) -> EvalRecord:
-        """Every val task once at the current policy version (eval.env sets e.g. greedy sampling)."""
+    async def _evaluate_all(self, console: Console) -> list[EvalRecord]:
+        records = []
+        for name, controller in self.eval_controllers.items():
+            records.append(await self._evaluate(name, controller))
+            console.print(format_eval(records[-1]))
+        return records
+
+    async def _evaluate(self, name: str, controller: Controller) -> EvalRecord:
+        """Every val task once at the current policy version, with one of the eval commands."""
         started, started_ns = time.monotonic(), time.time_ns()
-        group_id = f"{self.run_id}-eval-{new_id()[:8]}"
+        group_id = f"{self.run_id}-{name}-{new_id()[:8]}"
         rollouts = [Rollout(new_id(), group_id, task.task_id, task.payload, "val") for task in self.val_tasks]
-        results = await asyncio.gather(*(self.eval_controller.run_rollout(rollout) for rollout in rollouts))
+        results = await asyncio.gather(*(controller.run_rollout(rollout) for rollout in rollouts))
         await self._await_in_store(results)
         rows = self.client.query(f"SELECT outcome_reward FROM rollouts WHERE group_id = '{group_id}'")
         rewards = rows["outcome_reward"].fill_null(0.0)  # no reward (the harness failed): a failure
         record = EvalRecord(
+            name=name,
             step=self.state.step,
             policy_version=self.state.version,
             rollouts=rows.height,
@@ -713,7 +736,7 @@ def format_step(record: StepRecord) -> str:
 
 def format_eval(record: EvalRecord) -> str:
     return (
-        f"[bold]eval at version {record.policy_version}: success {record.success_rate:.1%}, "
+        f"[bold]{record.name} at version {record.policy_version}: success {record.success_rate:.1%}, "
         f"reward {record.reward_mean:.3f} over {record.rollouts} val tasks ({record.wall_s:.1f}s)"
     )
 

@@ -24,6 +24,9 @@ from otel_rl.train.config import TrainConfig
 RL_BATCH_KEYS = ("input_ids", "attention_mask", "responses", "response_mask", "advantages")
 
 
+TRAINER_STATE_FILE = "trainer_state.pt"  # optimizer moments + schedule: needed to resume, not to serve
+
+
 class Trainer:
     """Holds the policy and its optimizer; `step` is one RL update, `sft_step` one supervised update."""
 
@@ -220,6 +223,24 @@ class Trainer:
             shutil.rmtree(directory)
         os.replace(staging, directory)
         return directory
+
+    def save_state(self, directory: Path) -> Path:
+        """The optimizer, schedule and step count beside the weights: a resumed run continues exactly."""
+        state = {
+            "optimizer": self.optimizer.state_dict(),
+            "scheduler": self.scheduler.state_dict(),
+            "steps_done": self.steps_done,
+        }
+        path = Path(directory) / TRAINER_STATE_FILE
+        torch.save(state, path)
+        return path
+
+    def load_state(self, directory: Path) -> None:
+        """Restore what save_state wrote; raises FileNotFoundError naming the file when it is missing."""
+        state = torch.load(Path(directory) / TRAINER_STATE_FILE, weights_only=True)
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+        self.steps_done = state["steps_done"]
 
 
 def _row_slices(n: int, size: int) -> list[slice]:

@@ -38,36 +38,49 @@ class MergeCounts:
     aborted_choices: int
 
 
+def _starts_with(
+    tokens: pa.Buffer, start: int, end: int, prefix: pa.Buffer, p_start: int, p_end: int
+) -> bool:
+    """Whether bytes start:end of `tokens` begin with bytes p_start:p_end of `prefix` (zero-copy, memcmp)."""
+    n = p_end - p_start
+    return n <= end - start and tokens.slice(start, n).equals(prefix.slice(p_start, n))
+
+
 def _assign_segments(
     rollout_starts: list[int],
     prompt_offsets: list[int],
     choice_offsets: list[int],
     completion_offsets: list[int],
     aborted: list[bool],
-    prompt_bytes: bytes,
-    completion_bytes: bytes,
+    prompts: pa.Buffer,
+    completions: pa.Buffer,
 ) -> tuple[list[list[int]], MergeCounts]:
     """The sequential heart: per rollout, in call order, put every usable choice into a segment.
 
     Returns the segments as lists of choice indices. Offsets are in bytes (int32 tokens), so each prefix test
-    is one `bytes.startswith` over a zero-copy memoryview: no per-token Python work.
+    is one comparison of two zero-copy buffer slices: no per-token Python work.
     """
-    pview, cview = memoryview(prompt_bytes), memoryview(completion_bytes)
     call_of = np.repeat(np.arange(len(choice_offsets) - 1), np.diff(choice_offsets)).tolist()
 
     def prompt_starts_with(call: int, other: int) -> bool:
-        return prompt_bytes.startswith(
-            pview[prompt_offsets[other] : prompt_offsets[other + 1]],
+        return _starts_with(
+            prompts,
             prompt_offsets[call],
             prompt_offsets[call + 1],
+            prompts,
+            prompt_offsets[other],
+            prompt_offsets[other + 1],
         )
 
     def same_answers(choices: list[int], others: list[int]) -> bool:
         return all(
-            completion_bytes.startswith(
-                cview[completion_offsets[o] : completion_offsets[o + 1]],
+            _starts_with(
+                completions,
                 completion_offsets[c],
                 completion_offsets[c + 1],
+                completions,
+                completion_offsets[o],
+                completion_offsets[o + 1],
             )
             for c, o in zip(choices, others, strict=True)
         )
@@ -99,10 +112,13 @@ def _assign_segments(
                 if (
                     best_length < length <= prompt_length
                     and prompt_starts_with(call, call_of[last])
-                    and prompt_bytes.startswith(
-                        cview[completion_offsets[last] : completion_offsets[last + 1]],
+                    and _starts_with(
+                        prompts,
                         prompt_offsets[call] + last_prompt,
                         prompt_offsets[call + 1],
+                        completions,
+                        completion_offsets[last],
+                        completion_offsets[last + 1],
                     )
                 ):
                     best, best_length = s, length
@@ -161,8 +177,8 @@ def merge_segments(calls: pl.DataFrame) -> tuple[pl.DataFrame, MergeCounts]:
         choice_offsets.tolist(),
         (completion_offsets * 4).tolist(),
         aborted.tolist(),
-        prompt_values.astype(np.int32, copy=False).tobytes(),
-        completion_values.astype(np.int32, copy=False).tobytes(),
+        pa.py_buffer(prompt_values.astype(np.int32, copy=False)),
+        pa.py_buffer(completion_values.astype(np.int32, copy=False)),
     )
 
     # per (segment, choice) pair, in segment order

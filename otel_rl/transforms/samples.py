@@ -219,17 +219,25 @@ def load_inputs(
     columns the pipeline reads are selected, token lists arriving as Arrow lists; the calls' messages only
     with `messages` (needed to retokenize, to measure drift, and for SFT).
     """
-    rollouts = run_query(f"SELECT {', '.join(ROLLOUT_COLUMNS)} FROM rollouts WHERE ({where})")
+    rollouts = run_query(f"SELECT {', '.join(ROLLOUT_COLUMNS)}, n_calls FROM rollouts WHERE ({where})")
     # the selected ids as literals: a subquery would evaluate the rollouts view again for each read
     selected = ", ".join("'" + rollout_id.replace("'", "''") + "'" for rollout_id in rollouts["rollout_id"])
-    selected = selected or "NULL"
-    columns = CALL_COLUMNS + MESSAGE_COLUMNS if messages else CALL_COLUMNS
-    calls = run_query(
-        f"SELECT {', '.join(columns)} FROM llm_calls WHERE rollout_id IN ({selected})"
-        " ORDER BY rollout_id, start_time_unix_nano, span_id"
-    )
-    rewards = run_query(f"SELECT {', '.join(REWARD_COLUMNS)} FROM rewards WHERE rollout_id IN ({selected})")
-    return calls, rollouts, rewards
+    selected = f"rollout_id IN ({selected or 'NULL'})"
+    order = ("rollout_id", "start_time_unix_nano", "span_id")
+    if messages:
+        columns = ", ".join(CALL_COLUMNS + MESSAGE_COLUMNS)
+        calls = run_query(f"SELECT {columns} FROM llm_calls WHERE {selected} ORDER BY {', '.join(order)}")
+    else:
+        # gateway calls from gateway_call_tokens (no content parsed: several times cheaper), then llm_calls
+        # only if the rollouts have calls of other dialects (or calls arrived between the two reads)
+        columns = ", ".join(CALL_COLUMNS)
+        calls = run_query(f"SELECT {columns} FROM gateway_call_tokens WHERE {selected}")
+        if calls.height != rollouts["n_calls"].sum():
+            others = run_query(f"SELECT {columns} FROM llm_calls WHERE {selected} AND dialect <> 'gateway'")
+            calls = pl.concat([calls, others])
+        calls = calls.sort(order)
+    rewards = run_query(f"SELECT {', '.join(REWARD_COLUMNS)} FROM rewards WHERE {selected}")
+    return calls, rollouts.drop("n_calls"), rewards
 
 
 def report_table(report: Report) -> Any:
