@@ -28,6 +28,7 @@ class ServeSettings:
     max_body_bytes: int = 64 * 1024 * 1024
     # Gateway (docs/gateway.md): a local vLLM started for this model folder, and/or running vLLM servers.
     model: Path | None = None
+    lora_rank: int | None = None  # the local vLLM loads LoRA adapters up to this rank (`lora_adapter`)
     vllm: tuple[str, ...] = ()
     forward_otlp: str | None = None  # also send the gateway's spans to this OTLP/HTTP traces endpoint
     split_sampling: dict | None = None  # {"train": {...}, "val": {...}}; None: the gateway's defaults
@@ -98,7 +99,7 @@ def _gateway(settings: ServeSettings, store, auth):  # noqa: ANN001, ANN202 - la
     from otel_rl.gateway.settings import GatewaySettings
     from otel_rl.gateway.vllm import VLLMServer
 
-    local = VLLMServer(settings.model) if settings.model is not None else None
+    local = VLLMServer(settings.model, lora_rank=settings.lora_rank) if settings.model is not None else None
     servers = ((local.url,) if local else ()) + tuple(settings.vllm)
     options = {"split_sampling": settings.split_sampling} if settings.split_sampling is not None else {}
     gateway_settings = GatewaySettings(
@@ -108,7 +109,7 @@ def _gateway(settings: ServeSettings, store, auth):  # noqa: ANN001, ANN202 - la
         drain_timeout_s=settings.drain_timeout_s,
         **options,
     )
-    return Gateway(gateway_settings, auth=auth, ingest=store.ingest_traces), local
+    return Gateway(gateway_settings, auth=auth, store=store), local
 
 
 def serve(
@@ -124,6 +125,10 @@ def serve(
     ] = None,
     model: Annotated[
         Path | None, typer.Option(help="Start a local vLLM server for this model folder behind the gateway")
+    ] = None,
+    lora_rank: Annotated[
+        int | None,
+        typer.Option(help="Let the local vLLM load LoRA adapters up to this rank (8, 16, 32, ...)"),
     ] = None,
     vllm: Annotated[
         list[str] | None, typer.Option(help="URL of a running vLLM server behind the gateway (repeatable)")
@@ -155,6 +160,7 @@ def serve(
         grpc_port=grpc_port,
         token=token,
         model=model,
+        lora_rank=lora_rank,
         vllm=tuple(vllm or ()),
         forward_otlp=forward_otlp,
         split_sampling=_json_option("--split-sampling", split_sampling),

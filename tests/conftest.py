@@ -47,10 +47,11 @@ def tiny_tokenizer(tiny_model_dir: Path):
 
 @pytest.fixture(scope="session")
 def vllm_server(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[VLLMServer]:
-    """One real vLLM server on `tiny_model_dir` for the session (model name "tiny"; ≈30 s to start).
+    """One real vLLM server on `tiny_model_dir` for the session (model name "tiny"; ≈30 s to start), with
+    LoRA adapters up to rank 8 loadable at run time (test_gateway_lora.py), so that one server serves all.
 
     Tests that reload its weights must reload `tiny_model_dir`'s before they end: others expect those.
     """
     log_path = tmp_path_factory.mktemp("vllm") / "vllm.log"
-    with VLLMServer(tiny_model_dir, served_model_name="tiny", log_path=log_path) as server:
+    with VLLMServer(tiny_model_dir, served_model_name="tiny", log_path=log_path, lora_rank=8) as server:
         yield server

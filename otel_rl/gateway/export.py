@@ -1,4 +1,4 @@
-"""The gateway's own tracer: spans are encoded to OTLP and handed to the store in-process (no network hop)."""
+"""The gateway's own tracer (reload spans): spans are encoded to OTLP and handed to the store in-process."""
 
 import logging
 from collections.abc import Callable, Sequence
@@ -6,7 +6,7 @@ from collections.abc import Callable, Sequence
 from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.sdk.resources import Resource
-from opentelemetry.sdk.trace import ReadableSpan, SpanLimits, TracerProvider
+from opentelemetry.sdk.trace import ReadableSpan, SpanLimits, SpanProcessor, TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
 from opentelemetry.sdk.trace.sampling import ALWAYS_ON
 
@@ -39,11 +39,13 @@ class StoreSpanExporter(SpanExporter):
 
 
 def gateway_tracer_provider(
-    ingest: Ingest, *, flush_ms: int, forward_otlp: str | None = None
+    ingest: Ingest, *, flush_ms: int, forward: SpanProcessor | None = None
 ) -> TracerProvider:
-    """A TracerProvider of the gateway's own (not the global one) that records every call.
+    """A TracerProvider of the gateway's own (not the global one) that records every span it makes.
 
-    Always sampled: a caller's unsampled `traceparent` must not drop training data.
+    Always sampled: a caller's unsampled `traceparent` must not drop training data. The gateway writes its
+    call spans as rows directly (span_rows.py); this provider records its reload spans.
+    `forward`: also hand every span to this processor (an OTLP exporter's, see `otlp_forwarder`).
     """
     provider = TracerProvider(
         resource=Resource.create({"service.name": SERVICE_NAME}),
@@ -58,8 +60,13 @@ def gateway_tracer_provider(
             max_export_batch_size=1024,
         )
     )
-    if forward_otlp:
-        from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
-
-        provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter(endpoint=forward_otlp)))
+    if forward is not None:
+        provider.add_span_processor(forward)
     return provider
+
+
+def otlp_forwarder(endpoint: str) -> SpanProcessor:
+    """A batching processor exporting spans to an OTLP/HTTP traces endpoint (`--forward-otlp`)."""
+    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+
+    return BatchSpanProcessor(OTLPSpanExporter(endpoint=endpoint), max_queue_size=MAX_QUEUED_SPANS)

@@ -15,14 +15,16 @@ from otel_rl.attributes import GATEWAY_SCOPE, ROLLOUT_ID, SPLIT
 from otel_rl.auth import Auth, Principal
 from otel_rl.gateway.attribution import RolloutIdentities, caller_identity, trace_parent
 from otel_rl.gateway.client import UpstreamClient, UpstreamError, upstream_error
-from otel_rl.gateway.export import Ingest, gateway_tracer_provider
+from otel_rl.gateway.export import gateway_tracer_provider, otlp_forwarder
 from otel_rl.gateway.metrics import GatewayMetrics
 from otel_rl.gateway.outputs import StreamAssembler, parse_chat_response, parse_completion_response
-from otel_rl.gateway.recording import CallRecord, record_call
+from otel_rl.gateway.recording import CallRecord
 from otel_rl.gateway.reload import GatewayPaused, ReloadCoordinator, ReloadResult
 from otel_rl.gateway.servers import InferenceServer, NoServerAvailable, ServerPool
 from otel_rl.gateway.settings import GatewaySettings
+from otel_rl.gateway.span_rows import CallSpanWriter
 from otel_rl.gateway.upstream import ClientAsked, SSEBuffer, strip_response, upstream_body
+from otel_rl.store import Store
 
 log = logging.getLogger(__name__)
 
@@ -64,16 +66,20 @@ def error_body(status: int, message: str, error_type: str) -> bytes:
 class Gateway:
     """Routes, relays and records model calls; owns the HTTP client, server pool and reload coordinator."""
 
-    def __init__(self, settings: GatewaySettings, *, auth: Auth, ingest: Ingest) -> None:
+    def __init__(self, settings: GatewaySettings, *, auth: Auth, store: Store) -> None:
         self.settings = settings
         self.auth = auth
         self.identities = RolloutIdentities()
         self.metrics = GatewayMetrics()
         self.pool = ServerPool(settings.servers)
+        forward = otlp_forwarder(settings.forward_otlp) if settings.forward_otlp else None
         self.tracer_provider = gateway_tracer_provider(
-            ingest, flush_ms=settings.span_flush_ms, forward_otlp=settings.forward_otlp
+            store.ingest_traces, flush_ms=settings.span_flush_ms, forward=forward
         )
-        self.tracer = self.tracer_provider.get_tracer(GATEWAY_SCOPE)
+        self.tracer = self.tracer_provider.get_tracer(GATEWAY_SCOPE)  # reload spans
+        self.call_spans = CallSpanWriter(
+            store.submit, self.tracer_provider.resource, flush_ms=settings.span_flush_ms, forward=forward
+        )
         self.client = UpstreamClient(
             connect_timeout_s=settings.connect_timeout_s, read_timeout_s=settings.upstream_timeout_s
         )
@@ -95,7 +101,8 @@ class Gateway:
         if self._health_task is not None:
             self._health_task.cancel()
         await self.client.close()
-        self.tracer_provider.shutdown()  # flushes the spans still queued
+        self.call_spans.close()  # stores the spans still queued
+        self.tracer_provider.shutdown()
 
     async def _probe_forever(self) -> None:
         while True:
@@ -253,13 +260,14 @@ class Gateway:
         record.end_ns = time.time_ns()
         self.metrics.count_call(record.operation, record.error_type)
         if response is None:
-            record_call(self.tracer, record)
+            self.call_spans.write(record)
         else:
             response.background = BackgroundTask(self._record, record)
         return response
 
     async def _record(self, record: CallRecord) -> None:
-        record_call(self.tracer, record)
+        """A coroutine: Starlette runs a plain function's background task in a thread pool (costly here)."""
+        self.call_spans.write(record)
 
     # ------------------------------------------------------------------ models
 

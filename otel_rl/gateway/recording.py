@@ -38,7 +38,7 @@ class CallRecord:
 def record_call(tracer: Tracer, record: CallRecord) -> None:
     """Emit the span of one call (a CLIENT span: the gateway is vLLM's client)."""
     span = tracer.start_span(
-        f"{record.operation} {record.request.get('model', '')}".rstrip(),
+        span_name(record),
         context=record.parent,
         kind=SpanKind.CLIENT,
         attributes=call_attributes(record),
@@ -49,8 +49,13 @@ def record_call(tracer: Tracer, record: CallRecord) -> None:
     span.end(end_time=record.end_ns)
 
 
-def call_attributes(record: CallRecord) -> dict[str, Any]:
-    """The span attributes of a call: GenAI semconv, then otel-rl's."""
+def span_name(record: CallRecord) -> str:
+    return f"{record.operation} {record.request.get('model', '')}".rstrip()
+
+
+def call_attributes(record: CallRecord, *, packed_tokens: bool = True) -> dict[str, Any]:
+    """The span attributes of a call: GenAI semconv, then otel-rl's (the packed token arrays unless
+    `packed_tokens` is False: the store's rows hold them decoded, see `token_arrays`)."""
     request, sent = record.request, record.sent
     attributes: dict[str, Any] = {
         "gen_ai.operation.name": record.operation,
@@ -74,7 +79,7 @@ def call_attributes(record: CallRecord) -> dict[str, Any]:
     if request.get("tools"):
         attributes["gen_ai.tool.definitions"] = orjson.dumps(request["tools"]).decode()
     if record.output is not None:
-        attributes.update(_output_attributes(record.output))
+        attributes.update(_output_attributes(record.output, packed_tokens))
     if record.time_to_first_chunk_s is not None:
         attributes["gen_ai.response.time_to_first_chunk"] = record.time_to_first_chunk_s
     if record.error_type is not None:
@@ -100,7 +105,7 @@ def _request_params(sent: dict[str, Any]) -> dict[str, Any]:
     return params
 
 
-def _output_attributes(output: CallOutput) -> dict[str, Any]:
+def _output_attributes(output: CallOutput, packed_tokens: bool) -> dict[str, Any]:
     attributes: dict[str, Any] = {
         "gen_ai.output.messages": orjson.dumps(
             [output_message(choice) for choice in output.choices]
@@ -122,14 +127,26 @@ def _output_attributes(output: CallOutput) -> dict[str, Any]:
         attributes["gen_ai.usage.input_tokens"] = input_tokens
     if output_tokens is not None:
         attributes["gen_ai.usage.output_tokens"] = output_tokens
-    if output.prompt_token_ids is not None:
-        attributes[names.PROMPT_TOKEN_IDS] = packed_ids(output.prompt_token_ids)
-    for i, choice in enumerate(output.choices):
-        if choice.token_ids is not None:
-            attributes[names.CHOICE_TOKEN_IDS.format(i=i)] = packed_ids(choice.token_ids)
-        if choice.logprobs is not None:
-            attributes[names.CHOICE_LOGPROBS.format(i=i)] = packed_logprobs(choice.logprobs)
+    if packed_tokens:
+        prompt, choice_ids, choice_logprobs = token_arrays(output)
+        if prompt is not None:
+            attributes[names.PROMPT_TOKEN_IDS] = prompt
+        for i in range(len(output.choices)):
+            if i in choice_ids:
+                attributes[names.CHOICE_TOKEN_IDS.format(i=i)] = choice_ids[i]
+            if i in choice_logprobs:
+                attributes[names.CHOICE_LOGPROBS.format(i=i)] = choice_logprobs[i]
     return attributes
+
+
+def token_arrays(output: CallOutput) -> tuple[bytes | None, dict[int, bytes], dict[int, bytes]]:
+    """The packed prompt ids, and each choice's packed token ids and logprobs (by choice index)."""
+    prompt = packed_ids(output.prompt_token_ids) if output.prompt_token_ids is not None else None
+    choice_ids = {i: packed_ids(c.token_ids) for i, c in enumerate(output.choices) if c.token_ids is not None}
+    choice_logprobs = {
+        i: packed_logprobs(c.logprobs) for i, c in enumerate(output.choices) if c.logprobs is not None
+    }
+    return prompt, choice_ids, choice_logprobs
 
 
 def packed_ids(ids: list[int]) -> bytes:

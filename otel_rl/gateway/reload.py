@@ -11,16 +11,14 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-import orjson
 from opentelemetry.trace import SpanKind, Status, StatusCode, Tracer
 
 from otel_rl.attributes import POLICY_VERSION, RELOAD_SPAN_NAME
 from otel_rl.gateway.client import UpstreamClient, UpstreamError
-from otel_rl.gateway.servers import InferenceServer, ServerPool, weight_checksums
+from otel_rl.gateway.servers import LORA_NAME, InferenceServer, ServerPool, served_adapter, weight_checksums
 
 log = logging.getLogger(__name__)
 
-LORA_NAME = "otel-rl-policy"  # the name vLLM serves the policy's LoRA adapter under
 ABORT_GRACE_S = 10.0  # how long aborted calls may take to return after `/pause?mode=abort`
 
 
@@ -186,27 +184,49 @@ class ReloadCoordinator:
     async def _reload_all(
         self, servers: list[InferenceServer], result: ReloadResult, checkpoint: str | None, lora: str | None
     ) -> None:
-        outcomes = dict(zip(servers, result.servers, strict=True))
-        t = time.perf_counter()
-        await asyncio.gather(*(self._guard(outcome, self._pause(s.url)) for s, outcome in outcomes.items()))
-        result.pause_ms = _ms_since(t)
-        t = time.perf_counter()
-        await asyncio.gather(
-            *(self._guard(outcome, self._load(s.url, checkpoint, lora)) for s, outcome in outcomes.items())
-        )
-        result.reload_ms = _ms_since(t)
-        t = time.perf_counter()
-        await asyncio.gather(
-            *(self._guard(outcome, self._verify(s.url, outcome, lora)) for s, outcome in outcomes.items())
-        )
-        _check_same_weights(list(outcomes.values()))
-        result.verify_ms = _ms_since(t)
+        # Each server goes through its steps at its own pace (no barrier between servers until the switch);
+        # a phase's time in the result is the slowest server's.
+        outcomes = list(zip(servers, result.servers, strict=True))
+        phases = await asyncio.gather(*(self._reload_one(s.url, o, checkpoint, lora) for s, o in outcomes))
+        for phase in ("pause", "reload", "verify"):
+            setattr(result, f"{phase}_ms", max((p.get(phase, 0.0) for p in phases), default=0.0))
+        _check_same_weights(result.servers)
         # A server that failed stays paused on vLLM too: nobody can reach its stale weights.
         t = time.perf_counter()
-        await asyncio.gather(
-            *(self._guard(outcome, self._post(s.url, "/resume")) for s, outcome in outcomes.items())
-        )
+        await asyncio.gather(*(self._guard(o, self._post(s.url, "/resume")) for s, o in outcomes))
         result.resume_ms = _ms_since(t)
+
+    async def _reload_one(
+        self, url: str, outcome: ServerReload, checkpoint: str | None, lora: str | None
+    ) -> dict[str, float]:
+        """Pause, load, then reset the prefix cache and verify at once; a failure marks the outcome."""
+        phases: dict[str, float] = {}
+        try:
+            t = time.perf_counter()
+            await self._post(url, "/pause", params={"mode": "wait"})
+            phases["pause"] = _ms_since(t)
+            t = time.perf_counter()
+            await self._load(url, checkpoint, lora)
+            phases["reload"] = _ms_since(t)
+            t = time.perf_counter()
+            # Resetting the prefix cache is mandatory: prefixes cached under the old weights would be reused.
+            # It and the verification both only read or drop state, so they run concurrently (one hop less).
+            reset, verified = await asyncio.gather(
+                self._post(url, "/reset_prefix_cache"), self._verify(url, lora), return_exceptions=True
+            )
+            for error in (reset, verified):
+                if isinstance(error, BaseException):
+                    raise error
+            outcome.checksums = verified
+            before = self.pool.reference_checksums
+            if verified is not None:
+                outcome.weights_changed = None if before is None else verified != before
+            outcome.ok = True
+            phases["verify"] = _ms_since(t)
+        except (UpstreamError, KeyError, ValueError) as error:
+            outcome.ok = False
+            outcome.error = f"{type(error).__name__}: {error}"
+        return phases
 
     async def _guard(self, outcome: ServerReload, step) -> None:
         """Run one server's step unless an earlier one failed; a failure marks the server's outcome."""
@@ -219,9 +239,6 @@ class ReloadCoordinator:
             outcome.ok = False
             outcome.error = f"{type(error).__name__}: {error}"
 
-    async def _pause(self, url: str) -> None:
-        await self._post(url, "/pause", params={"mode": "wait"})
-
     async def _load(self, url: str, checkpoint: str | None, lora: str | None) -> None:
         if checkpoint is not None:
             await self._post(
@@ -229,28 +246,25 @@ class ReloadCoordinator:
                 "/collective_rpc",
                 json={"method": "reload_weights", "kwargs": {"weights_path": checkpoint}},
             )
+            if self.policy.lora_adapter is not None:  # the adapter policy ends: nobody may call it any more
+                await self._post(
+                    url, "/v1/unload_lora_adapter", json={"lora_name": LORA_NAME}, missing_ok=True
+                )
         else:
             await self._post(
                 url,
                 "/v1/load_lora_adapter",
                 json={"lora_name": LORA_NAME, "lora_path": lora, "load_inplace": True},
             )
-        # Mandatory: prefixes cached under the old weights would otherwise be reused with the new ones.
-        await self._post(url, "/reset_prefix_cache")
 
-    async def _verify(self, url: str, outcome: ServerReload, lora: str | None) -> None:
-        if lora is not None:
-            _, body = await self._client.request("GET", f"{url}/v1/models", timeout_s=self._reload_timeout_s)
-            models = orjson.loads(body)
-            roots = {model.get("id"): model.get("root") for model in models.get("data", [])}
-            if roots.get(LORA_NAME) != lora:
-                raise ValueError(f"the server lists adapter {roots.get(LORA_NAME)!r}, not {lora!r}")
-            outcome.ok = True
-            return
-        outcome.checksums = await weight_checksums(self._client, url, self._reload_timeout_s)
-        before = self.pool.reference_checksums
-        outcome.weights_changed = None if before is None else outcome.checksums != before
-        outcome.ok = True
+    async def _verify(self, url: str, lora: str | None) -> dict[str, str] | None:
+        """The server's weight checksums (a checkpoint), or None once it lists the adapter at its new path."""
+        if lora is None:
+            return await weight_checksums(self._client, url, self._reload_timeout_s)
+        served = await served_adapter(self._client, url, self._reload_timeout_s)
+        if served != lora:
+            raise ValueError(f"the server lists adapter {served!r}, not {lora!r}")
+        return None
 
     def _switch(self, servers: list[InferenceServer], result: ReloadResult) -> None:
         """Take out the servers that failed; the others serve the new version from now on."""
@@ -266,13 +280,15 @@ class ReloadCoordinator:
             return
         if good[0].checksums is not None:
             self.pool.reference_checksums = good[0].checksums
+        self.pool.reference_adapter = result.lora_adapter
         self.policy = Policy(result.version, result.checkpoint, result.lora_adapter)
 
-    async def _post(self, url: str, path: str, **kwargs: Any) -> bytes:
+    async def _post(self, url: str, path: str, *, missing_ok: bool = False, **kwargs: Any) -> bytes:
+        """POST to a server; `missing_ok`: a 404 (what is to be removed is not there) is a success."""
         status, body = await self._client.request(
             "POST", url + path, timeout_s=self._reload_timeout_s, **kwargs
         )
-        if status != 200:
+        if status != 200 and not (missing_ok and status == 404):
             raise ValueError(f"{path} answered HTTP {status}: {body[:300].decode(errors='replace')}")
         return body
 

@@ -11,6 +11,8 @@ from otel_rl.gateway.client import UpstreamClient, UpstreamError
 
 log = logging.getLogger(__name__)
 
+LORA_NAME = "otel-rl-policy"  # the name vLLM serves the policy's LoRA adapter under
+
 
 class NoServerAvailable(RuntimeError):
     """No inference server can take a call (all unhealthy or taken out)."""
@@ -38,8 +40,10 @@ class ServerPool:
             raise ValueError(f"an inference server is listed twice: {list(urls)}")
         self.servers = [InferenceServer(url.rstrip("/")) for url in urls]
         # A server that was down may come back with other weights (a restart loads the base model);
-        # it rejoins only if its weight checksums equal these (set by each verified reload).
+        # it rejoins only if its weight checksums equal these (set by each verified reload), and if it
+        # serves the policy's LoRA adapter from this folder when the policy is one.
         self.reference_checksums: dict[str, str] | None = None
+        self.reference_adapter: str | None = None
 
     def pick(self, rollout_id: str | None, *, exclude: tuple[InferenceServer, ...] = ()) -> InferenceServer:
         """The rollout's server (rendezvous hashing: losing one moves only its rollouts), else the idlest."""
@@ -65,8 +69,8 @@ class ServerPool:
         try:
             status, _ = await client.request("GET", f"{server.url}/health", timeout_s=timeout_s)
             ok = status == 200
-            if ok and not server.healthy and self.reference_checksums is not None:
-                ok = await weight_checksums(client, server.url, timeout_s) == self.reference_checksums
+            if ok and not server.healthy:
+                ok = await self._serves_policy(client, server.url, timeout_s)
                 if not ok:
                     self.take_out(server, "came back with other weights than the current policy's")
         except (UpstreamError, ValueError):
@@ -74,6 +78,14 @@ class ServerPool:
         if ok != server.healthy:
             log.warning("inference server %s is %s", server.url, "healthy again" if ok else "unhealthy")
         server.healthy = ok
+
+    async def _serves_policy(self, client: UpstreamClient, url: str, timeout_s: float) -> bool:
+        """Whether a server that comes back holds the current policy (a restart loads the base model)."""
+        expected = self.reference_checksums
+        if expected is not None and await weight_checksums(client, url, timeout_s) != expected:
+            return False
+        adapter = self.reference_adapter
+        return adapter is None or await served_adapter(client, url, timeout_s) == adapter
 
 
 async def weight_checksums(client: UpstreamClient, url: str, timeout_s: float) -> dict[str, str]:
@@ -84,6 +96,15 @@ async def weight_checksums(client: UpstreamClient, url: str, timeout_s: float) -
     if status != 200:
         raise ValueError(f"/weight_checker answered HTTP {status}: {body[:300]!r}")
     return orjson.loads(body)["checksums"]
+
+
+async def served_adapter(client: UpstreamClient, url: str, timeout_s: float) -> str | None:
+    """The folder of the policy's LoRA adapter that the server lists in /v1/models (None: not loaded)."""
+    status, body = await client.request("GET", f"{url}/v1/models", timeout_s=timeout_s)
+    if status != 200:
+        raise ValueError(f"/v1/models answered HTTP {status}: {body[:300]!r}")
+    roots = {model.get("id"): model.get("root") for model in orjson.loads(body).get("data", [])}
+    return roots.get(LORA_NAME)
 
 
 def _affinity(rollout_id: str, url: str) -> int:

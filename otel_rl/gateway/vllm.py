@@ -39,6 +39,8 @@ SERVER_FLAGS = (
     "--generation-config", "vllm",
     "--enable-auto-tool-choice", "--tool-call-parser", "hermes",
 )  # fmt: skip
+# The ranks vLLM accepts as the largest LoRA rank it reserves room for (`--max-lora-rank`).
+LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
 SERVER_ENV = {
     "VLLM_CPU_KVCACHE_SPACE": "1",  # GiB; without it vLLM asks for most of the machine's memory
     "HF_HUB_OFFLINE": "1",
@@ -149,13 +151,21 @@ class VLLMServer:
         port: int | None = None,
         served_model_name: str | None = None,
         log_path: str | Path | None = None,
+        lora_rank: int | None = None,
     ) -> None:
+        """`lora_rank`: serve LoRA adapters up to this rank, loaded at run time (the gateway's light reload
+        path, docs/gateway.md); None: LoRA off."""
+        if lora_rank is not None and lora_rank not in LORA_RANKS:
+            raise ValueError(
+                f"lora_rank must be one of {LORA_RANKS} (vLLM's --max-lora-rank), not {lora_rank}"
+            )
         self.model_dir = Path(model_dir).resolve()
         if not (self.model_dir / "config.json").is_file():
             raise FileNotFoundError(f"{self.model_dir} has no config.json; is it a model folder?")
         self.port = port or _free_port()
         self.served_model_name = served_model_name or self.model_dir.name
         self.log_path = Path(log_path) if log_path else None
+        self.lora_rank = lora_rank
         self._process: subprocess.Popen[bytes] | None = None
         self._scratch: tempfile.TemporaryDirectory[str] | None = None
 
@@ -164,11 +174,15 @@ class VLLMServer:
         return f"http://127.0.0.1:{self.port}"
 
     def _command(self, python: Path) -> list[str]:
-        return [
+        command = [
             str(python), "-m", "vllm.entrypoints.openai.api_server",
             "--model", str(self.model_dir), "--served-model-name", self.served_model_name,
             "--host", "127.0.0.1", "--port", str(self.port), *SERVER_FLAGS,
         ]  # fmt: skip
+        if self.lora_rank is not None:
+            # One adapter slot: the policy's, replaced in place by each reload (runtime LoRA updating).
+            command += ["--enable-lora", "--max-lora-rank", str(self.lora_rank), "--max-loras", "1"]
+        return command
 
     def start(self, timeout_s: float = 300.0) -> Self:
         """Launch the server, wait for /health, warm it up; raises VLLMStartError with the end of its log."""
