@@ -49,12 +49,12 @@ FULL = DemoPlan(
     expert_rollouts=2000,
     sft_steps=800,
     sft_lr=2e-3,
-    rl_steps=15,
+    rl_steps=20,
     group_size=8,
-    groups_per_step=4,
+    groups_per_step=8,
     rl_lr=1e-4,
     val_tasks=200,
-    concurrency=6,
+    concurrency=16,
 )
 QUICK = DemoPlan(
     expert_rollouts=200,

@@ -1,5 +1,6 @@
 """`otel_rl.instrument()`: OTLP traces and logs, the OpenAI instrumentation, and trace propagation."""
 
+import contextlib
 import logging
 import os
 import sys
@@ -176,6 +177,9 @@ def warm_up() -> None:
     instrumentations import most of their modules only inside `instrument()`, hence the round trip."""
     span_exporter(None)
     log_exporter(None)
+    for module_name in ("httpx", "httpx2"):  # what propagate_over_http() patches
+        with contextlib.suppress(ImportError):
+            import_module(module_name)
     for module_name in OPENAI_INSTRUMENTATIONS:
         try:
             instrumentor = import_module(module_name).OpenAIInstrumentor()
