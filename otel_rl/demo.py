@@ -205,6 +205,8 @@ def rl_settings(
                 "harness": harness,
                 # each rollout forks from a process that imported these: no interpreter start-up per rollout
                 "preload": ["openai", "otel_rl"],
+                # harnesses run while the trainer trains (asynchronous RL): on 2 cores, let it go first
+                "nice": 10,
                 "concurrency": plan.concurrency,
                 "timeout_s": 120,
             },

@@ -87,6 +87,7 @@ def probe_run(request, otel_rl_server, tmp_path_factory, monkeypatch_module):
         log_dir=out / "logs",
         env={"OTEL_SERVICE_NAME": "probe-harness"},
         preload=("otel_rl", "opentelemetry.sdk.trace") if request.param == "forked" else (),
+        nice=3,
     )
     rollouts = {b: probe_rollout(b, out) for b in ("ok", "fail", "crash", "hang", "crash_once")}
     controller = controller_for(otel_rl_server, settings)
@@ -174,6 +175,7 @@ def test_the_harness_receives_exactly_the_documented_environment(otel_rl_server,
     assert {k: v for k, v in ours.items() if k != "TRACEPARENT"} == expected
     assert env["TRACEPARENT"].startswith(f"00-{trace_id}-")
     assert env["PROBE_INHERITED"] == "kept" and env["PATH"] == os.environ["PATH"]
+    assert int((out / "ok" / "niceness-0").read_text()) == os.nice(0) + 3  # the `nice` setting
     assert key != otel_rl_server.token
     # The task also reached the command line, and the log file holds the harness's output.
     assert json.dumps([expected["OTEL_RL_TASK"]]) in attempt.log_path.read_text()

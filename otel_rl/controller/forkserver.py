@@ -6,7 +6,7 @@ modules once; the controller then asks it for each attempt, and it forks a child
 harness: its own process and process group, the attempt's environment, stdout/stderr into the attempt's
 log, the script run as `__main__` with its arguments. One JSON line a message on stdin/stdout:
 
-    controller → server  {"id": 1, "argv": ["python", "agent.py", "--x"], "env": {...}, "log": "a.log"}
+    controller → server  {"id": 1, "argv": ["python", "agent.py"], "env": {...}, "log": "a.log", "nice": 0}
     server → controller  {"ready": true}            once the modules are imported
                          {"id": 1, "pid": 4242}     the child runs (or {"id": 1, "error": "..."})
                          {"pid": 4242, "exit": 0}   it ended: its exit status, -N when killed by signal N
@@ -136,6 +136,7 @@ def spawn(request: dict[str, Any], selector: selectors.BaseSelector) -> None:
                 if key.fd != 0:
                     os.close(key.fd)
             selector.close()
+            os.nice(request["nice"])
             run_child(request["argv"], request["env"], request["log"])
         finally:
             os._exit(70)  # run_child failed before the harness ran: never return into the server loop
@@ -183,13 +184,14 @@ class ForkServer:
         self._spawning: dict[int, asyncio.Future[Forked]] = {}
         self._running: dict[int, Forked] = {}
 
-    async def spawn(self, argv: Sequence[str], env: Mapping[str, str], log_path: Path) -> Forked:
-        """Fork one harness process; returns once it runs."""
+    async def spawn(self, argv: Sequence[str], env: Mapping[str, str], log_path: Path, nice: int) -> Forked:
+        """Fork one harness process (at scheduling priority `nice`); returns once it runs."""
         process = await self._started()
         self._next_id += 1
         spawned = asyncio.get_running_loop().create_future()
         self._spawning[self._next_id] = spawned
         request = {"id": self._next_id, "argv": list(argv), "env": dict(env), "log": str(log_path)}
+        request["nice"] = nice
         process.stdin.write(json.dumps(request).encode() + b"\n")
         await process.stdin.drain()
         return await spawned

@@ -103,6 +103,9 @@ class ControllerSettings:
     # Python harnesses only: modules a fork server imports once; each attempt is then forked from it
     # (forkserver.py) instead of starting a new interpreter. Empty: every attempt is a fresh exec.
     preload: Sequence[str] = ()
+    # Added to the controller's niceness for harness processes (0-19): above 0 the trainer, the server and
+    # vLLM on the same machine go first, and harnesses take the CPU they leave.
+    nice: int = 0
 
     def __post_init__(self) -> None:
         if not self.command:
@@ -113,6 +116,8 @@ class ControllerSettings:
             python_target(self.command)
         if self.concurrency < 1 or self.max_attempts < 1 or self.timeout_s <= 0:
             raise ValueError("rollouts: concurrency and max_attempts must be >= 1, timeout_s > 0")
+        if not 0 <= self.nice <= 19:
+            raise ValueError(f"rollouts.nice must be 0-19, not {self.nice}")
         validate_user_env(self.env)
 
 
@@ -263,6 +268,10 @@ class Controller:
                     stderr=asyncio.subprocess.STDOUT,
                     start_new_session=True,  # its own process group, so that a kill reaches every descendant
                 )
+            if self.settings.nice:  # right away, before it starts processes of its own
+                niceness = os.getpriority(os.PRIO_PROCESS, 0) + self.settings.nice  # as os.nice() in a fork
+                with contextlib.suppress(ProcessLookupError):
+                    os.setpriority(os.PRIO_PROCESS, process.pid, min(niceness, 19))
         timed_out = False
         try:
             try:
@@ -287,7 +296,7 @@ class Controller:
                 base_environment(os.environ, self.settings.env),
                 self.settings.log_dir / "forkserver.log",
             )
-        return await self._forkserver.spawn(argv, env, log_path)
+        return await self._forkserver.spawn(argv, env, log_path, self.settings.nice)
 
     async def _terminate(self, process: asyncio.subprocess.Process | Forked) -> int:
         _signal_group(process.pid, signal.SIGTERM)

@@ -80,6 +80,7 @@ class OnlineSettings(_Section):
     max_attempts: int = Field(3, ge=1)  # infrastructure failures are retried as new attempts
     # Python harnesses: modules a fork server imports once, each rollout then forked from it (warm start)
     preload: list[str] = []
+    nice: int = Field(0, ge=0, le=19)  # harnesses' scheduling priority: above 0 the trainer goes first
 
 
 class EvalSettings(_Section):

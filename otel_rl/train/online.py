@@ -404,6 +404,7 @@ class OnlineLoop:
             log_dir=config.output_dir / "rollouts",
             env=online.env,
             preload=online.preload,
+            nice=online.nice,
         )
         connection = {
             "otlp_endpoint": client.url,

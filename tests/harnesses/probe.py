@@ -29,6 +29,7 @@ def main() -> None:
     out = Path(task["out"])
     attempt = len(list(out.glob("env-*")))
     (out / f"env-{attempt}.json").write_text(json.dumps(dict(os.environ)))
+    (out / f"niceness-{attempt}").write_text(str(os.nice(0)))
     behaviour = task["behaviour"]
     if behaviour == "crash_once":
         behaviour = "crash" if attempt == 0 else "ok"
