@@ -3,15 +3,19 @@
 In-process so that tests read the store directly and see the gateway's state; the HTTP path is the real one.
 """
 
+import asyncio
 import json
 import socket
 import threading
 import time
+import uuid
 from pathlib import Path
 from typing import Any
 
 import httpx
+import openai
 import pyarrow as pa
+import torch
 import uvicorn
 
 from otel_rl.server import ServeSettings, create_app
@@ -96,3 +100,65 @@ class GatewayServer:
 
     def query(self, sql: str) -> pa.Table:
         return self.store.query_arrow(sql)
+
+
+def set_policy(gateway: GatewayServer, version: int, **weights: Path) -> httpx.Response:
+    """`POST /v1/admin/policy` with `checkpoint=` or `lora_adapter=` folders."""
+    body = {"version": version, **{kind: str(path) for kind, path in weights.items()}}
+    return httpx.post(f"{gateway.base_url}/v1/admin/policy", json=body, headers=gateway.admin, timeout=120)
+
+
+def teacher_forced(model, prompt_ids: list[int], completion_ids: list[int]) -> torch.Tensor:
+    """Float32 logprobs under `model` at each completion position (argmax: the greedy tokens)."""
+    with torch.no_grad():
+        logits = model(torch.tensor([prompt_ids + completion_ids])).logits[0].log_softmax(-1)
+    return logits[len(prompt_ids) - 1 : -1]
+
+
+async def keep_calling(
+    gateway: GatewayServer, prompt: str, stop: asyncio.Event, *, rollout_prefix: str, max_tokens: int
+) -> list:
+    """Greedy calls with token ids and logprobs, each in a rollout of its own, until `stop` is set."""
+    responses = []
+    async with openai.AsyncOpenAI(base_url=gateway.url, api_key=ADMIN_TOKEN, max_retries=5) as client:
+        while not stop.is_set():
+            responses.append(
+                await client.chat.completions.create(
+                    model="tiny",
+                    messages=[{"role": "user", "content": prompt}],
+                    temperature=0,
+                    max_tokens=max_tokens,
+                    logprobs=True,
+                    extra_body={"return_token_ids": True},
+                    extra_headers={"x-otel-rl-rollout-id": f"{rollout_prefix}-{uuid.uuid4().hex[:8]}"},
+                )
+            )
+    return responses
+
+
+def assert_served_by(model, response, tolerance: float) -> None:
+    """The response's greedy tokens and their logprobs are those of transformers' float32 `model`."""
+    completion_ids = response.choices[0].token_ids
+    reference = teacher_forced(model, response.prompt_token_ids, completion_ids)
+    assert reference.argmax(-1).tolist() == completion_ids
+    expected = reference.gather(1, torch.tensor(completion_ids)[:, None])[:, 0]
+    received = torch.tensor([entry.logprob for entry in response.choices[0].logprobs.content])
+    assert (received - expected).abs().max().item() < tolerance
+
+
+def reload_during_traffic(
+    gateway: GatewayServer, prompts: list[str], traffic: dict, settle_s: float, version: int, **weights: Path
+) -> tuple[list, httpx.Response]:
+    """One client per prompt keeps calling (keep_calling(**traffic)); `settle_s` in, the policy changes to
+    `weights`; `settle_s` later the clients stop. Returns every response and the reload's answer."""
+
+    async def scenario() -> tuple[list, httpx.Response]:
+        stop = asyncio.Event()
+        calls = asyncio.gather(*(keep_calling(gateway, prompt, stop, **traffic) for prompt in prompts))
+        await asyncio.sleep(settle_s)
+        reloaded = await asyncio.to_thread(set_policy, gateway, version, **weights)
+        await asyncio.sleep(settle_s)
+        stop.set()
+        return [r for responses in await calls for r in responses], reloaded
+
+    return asyncio.run(scenario())

@@ -6,14 +6,19 @@ format; the reference is transformers' float32 model with the adapter merged int
 
 import asyncio
 import json
-import uuid
 from pathlib import Path
 
 import httpx
 import openai
 import pytest
 import torch
-from gateway_server import ADMIN_TOKEN, GatewayServer
+from gateway_server import (
+    ADMIN_TOKEN,
+    GatewayServer,
+    assert_served_by,
+    reload_during_traffic,
+    set_policy,
+)
 from safetensors.torch import save_file
 from transformers import AutoModelForCausalLM
 
@@ -23,6 +28,7 @@ from otel_rl.gateway.vllm import VLLMServer
 
 PROMPTS = ["What is 37 + 48?", "What is 12 * 3?", "Add 1 and 2."]
 MAX_TOKENS = 12
+TRAFFIC = {"rollout_prefix": "lora-traffic", "max_tokens": MAX_TOKENS}  # keep_calling's calls
 LOGPROB_TOLERANCE = 1e-4
 LORA_ALPHA = 16
 TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
@@ -77,57 +83,19 @@ def adapters(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> 
     }
 
 
-def set_policy(gateway: GatewayServer, version: int, **weights: Path) -> httpx.Response:
-    body = {"version": version, **{kind: str(path) for kind, path in weights.items()}}
-    return httpx.post(f"{gateway.base_url}/v1/admin/policy", json=body, headers=gateway.admin, timeout=120)
-
-
-def teacher_forced(model, prompt_ids: list[int], completion_ids: list[int]) -> torch.Tensor:
-    with torch.no_grad():
-        logits = model(torch.tensor([prompt_ids + completion_ids])).logits[0].log_softmax(-1)
-    return logits[len(prompt_ids) - 1 : -1]
-
-
-async def keep_calling(gateway: GatewayServer, prompt: str, stop: asyncio.Event) -> list:
-    client = openai.AsyncOpenAI(base_url=gateway.url, api_key=ADMIN_TOKEN, max_retries=5)
-    responses = []
-    async with client:
-        while not stop.is_set():
-            responses.append(
-                await client.chat.completions.create(
-                    model="tiny",
-                    messages=[{"role": "user", "content": prompt}],
-                    temperature=0,
-                    max_tokens=MAX_TOKENS,
-                    logprobs=True,
-                    extra_body={"return_token_ids": True},
-                    extra_headers={"x-otel-rl-rollout-id": f"lora-traffic-{uuid.uuid4().hex[:8]}"},
-                )  # fmt: skip
-            )
-    return responses
-
-
 def test_lora_adapter_reloads_serve_the_adapters_weights_and_every_span_names_its_version(
     vllm_server, tiny_model_dir, adapters, tmp_path
 ):
     with GatewayServer(tmp_path / "store.duckdb", vllm=[vllm_server.url]) as gateway:
-
-        async def scenario() -> tuple[list, httpx.Response]:
-            stop = asyncio.Event()
-            traffic = asyncio.gather(*(keep_calling(gateway, prompt, stop) for prompt in PROMPTS))
-            await asyncio.sleep(1.0)
-            reloaded = await asyncio.to_thread(set_policy, gateway, 2, lora_adapter=adapters["b"])
-            await asyncio.sleep(1.0)
-            stop.set()
-            return [r for responses in await traffic for r in responses], reloaded
-
         try:
             first = set_policy(gateway, 1, lora_adapter=adapters["a"])
             assert first.status_code == 200, first.text
             assert [s["ok"] for s in first.json()["servers"]] == [True]
             policy = httpx.get(f"{gateway.base_url}/v1/admin/policy", headers=gateway.admin, timeout=10)
             assert (policy.json()["version"], policy.json()["lora_adapter"]) == (1, str(adapters["a"]))
-            responses, second = asyncio.run(scenario())  # no call raised: none failed, retries included
+            responses, second = reload_during_traffic(
+                gateway, PROMPTS, TRAFFIC, 1.0, 2, lora_adapter=adapters["b"]
+            )  # no call raised: none failed, retries included
             assert second.status_code == 200, second.text
             assert (second.json()["previous_version"], second.json()["lora_adapter"]) == (
                 1,
@@ -161,11 +129,7 @@ def test_lora_adapter_reloads_serve_the_adapters_weights_and_every_span_names_it
                 continue
             checked.add(key)
             # Greedy tokens and logprobs are those of transformers' float32 model with that version's adapter.
-            reference = teacher_forced(models[version], response.prompt_token_ids, completion_ids)
-            assert reference.argmax(-1).tolist() == completion_ids
-            expected = reference.gather(1, torch.tensor(completion_ids)[:, None])[:, 0]
-            received = torch.tensor([entry.logprob for entry in response.choices[0].logprobs.content])
-            assert (received - expected).abs().max().item() < LOGPROB_TOLERANCE
+            assert_served_by(models[version], response, LOGPROB_TOLERANCE)
         # The two adapters answer differently: the check above could not pass with a stale adapter.
         assert (
             len({key[2] for key in checked if key[0] == 1} ^ {key[2] for key in checked if key[0] == 2}) > 0

@@ -3,21 +3,27 @@
 import asyncio
 import json
 import time
-import uuid
 from pathlib import Path
 
 import httpx
 import openai
 import pytest
-import torch
 from fake_vllm import FakeVLLM
-from gateway_server import ADMIN_TOKEN, GatewayServer
+from gateway_server import (
+    ADMIN_TOKEN,
+    GatewayServer,
+    assert_served_by,
+    reload_during_traffic,
+    set_policy,
+    teacher_forced,
+)
 from transformers import AutoModelForCausalLM
 
 from otel_rl.tinymodel import init_model
 
 PROMPTS = ["What is 37 + 48?", "What is 12 * 3?", "What is 90 - 7?", "Add 1 and 2."]
 MAX_TOKENS = 12
+TRAFFIC = {"rollout_prefix": "reload-traffic", "max_tokens": MAX_TOKENS}  # keep_calling's calls
 LOGPROB_TOLERANCE = 1e-4
 
 
@@ -26,53 +32,14 @@ def new_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return init_model(tmp_path_factory.mktemp("checkpoint") / "seed1", seed=1)
 
 
-def reload(gateway: GatewayServer, version: int, checkpoint: Path) -> httpx.Response:
-    body = {"version": version, "checkpoint": str(checkpoint)}
-    return httpx.post(f"{gateway.base_url}/v1/admin/policy", json=body, headers=gateway.admin, timeout=120)
-
-
-def hf_teacher_forced(model, prompt_ids: list[int], completion_ids: list[int]) -> torch.Tensor:
-    """Float32 logprobs of each completion token under `model`, and the greedy tokens at each step."""
-    with torch.no_grad():
-        logits = model(torch.tensor([prompt_ids + completion_ids])).logits[0].log_softmax(-1)
-    return logits[len(prompt_ids) - 1 : -1]
-
-
-async def keep_calling(gateway: GatewayServer, prompt: str, stop: asyncio.Event) -> list:
-    client = openai.AsyncOpenAI(base_url=gateway.url, api_key=ADMIN_TOKEN, max_retries=5)
-    responses = []
-    while not stop.is_set():
-        responses.append(
-            await client.chat.completions.create(
-                model="tiny",
-                messages=[{"role": "user", "content": prompt}],
-                temperature=0,
-                max_tokens=MAX_TOKENS,
-                logprobs=True,
-                extra_body={"return_token_ids": True},
-                extra_headers={"x-otel-rl-rollout-id": f"reload-traffic-{uuid.uuid4().hex[:8]}"},
-            )
-        )
-    await client.close()
-    return responses
-
-
 def test_reload_in_the_middle_of_traffic_switches_every_call_cleanly(
     vllm_server, tiny_model_dir, new_checkpoint, tmp_path
 ):
     with GatewayServer(tmp_path / "store.duckdb", vllm=[vllm_server.url]) as gateway:
-
-        async def scenario() -> tuple[list, httpx.Response]:
-            stop = asyncio.Event()
-            traffic = asyncio.gather(*(keep_calling(gateway, prompt, stop) for prompt in PROMPTS))
-            await asyncio.sleep(1.5)
-            reloaded = await asyncio.to_thread(reload, gateway, 1, new_checkpoint)
-            await asyncio.sleep(1.5)
-            stop.set()
-            return [r for responses in await traffic for r in responses], reloaded
-
         try:
-            responses, reloaded = asyncio.run(scenario())  # no call raised: none failed, retries included
+            responses, reloaded = reload_during_traffic(
+                gateway, PROMPTS, TRAFFIC, 1.5, 1, checkpoint=new_checkpoint
+            )  # no call raised: none failed, retries included
             assert reloaded.status_code == 200, reloaded.text
             result = reloaded.json()
             assert (result["version"], result["previous_version"]) == (1, 0)
@@ -82,7 +49,7 @@ def test_reload_in_the_middle_of_traffic_switches_every_call_cleanly(
                 max_tokens=MAX_TOKENS, extra_body={"return_token_ids": True},
             )  # fmt: skip
         finally:
-            restored = reload(gateway, 2, tiny_model_dir)  # the session's server serves the base weights
+            restored = set_policy(gateway, 2, checkpoint=tiny_model_dir)  # the session server's base weights
         assert restored.status_code == 200, restored.text
         assert restored.json()["servers"][0]["weights_changed"] is True
 
@@ -103,14 +70,10 @@ def test_reload_in_the_middle_of_traffic_switches_every_call_cleanly(
             checked.add(key)
             # The whole response comes from the weights of the version its span names: greedy tokens and
             # logprobs equal transformers' float32 forward pass of those weights.
-            reference = hf_teacher_forced(models[version], response.prompt_token_ids, completion_ids)
-            assert reference.argmax(-1).tolist() == completion_ids
-            expected = reference.gather(1, torch.tensor(completion_ids)[:, None])[:, 0]
-            received = torch.tensor([entry.logprob for entry in response.choices[0].logprobs.content])
-            assert (received - expected).abs().max().item() < LOGPROB_TOLERANCE
+            assert_served_by(models[version], response, LOGPROB_TOLERANCE)
 
         after_ids = after.choices[0].token_ids
-        greedy = hf_teacher_forced(models[1], after.prompt_token_ids, after_ids).argmax(-1).tolist()
+        greedy = teacher_forced(models[1], after.prompt_token_ids, after_ids).argmax(-1).tolist()
         assert after_ids == greedy  # greedy output after the reload is transformers' for the new weights
 
         [reload_span] = gateway.query(
@@ -132,7 +95,7 @@ def test_server_failing_a_reload_is_taken_out_and_reported(
         GatewayServer(tmp_path / "store.duckdb", vllm=[vllm_server.url, broken.base_url]) as gateway,
     ):
         try:
-            reloaded = reload(gateway, 1, new_checkpoint)  # the fake has no /pause: its reload fails
+            reloaded = set_policy(gateway, 1, checkpoint=new_checkpoint)  # the fake has no /pause: it fails
             assert reloaded.status_code == 200, reloaded.text
             [failed] = [s for s in reloaded.json()["servers"] if not s["ok"]]
             assert failed["url"] == broken.base_url and "/pause" in failed["error"]
@@ -152,7 +115,7 @@ def test_server_failing_a_reload_is_taken_out_and_reported(
             assert {s["attributes"]["otel_rl.server.url"] for s in spans} == {vllm_server.url}
             assert {s["attributes"]["otel_rl.policy.version"] for s in spans} == {1}
         finally:
-            assert reload(gateway, 2, tiny_model_dir).status_code == 200
+            assert set_policy(gateway, 2, checkpoint=tiny_model_dir).status_code == 200
 
 
 def test_calls_outliving_the_drain_deadline_are_aborted_and_their_retries_succeed(
@@ -176,7 +139,7 @@ def test_calls_outliving_the_drain_deadline_are_aborted_and_their_retries_succee
             while gateway.gateway.coordinator.in_flight < 3:  # most are generating
                 assert time.monotonic() < deadline, "the long calls never got going"
                 await asyncio.sleep(0.005)
-            reloaded = await asyncio.to_thread(reload, gateway, version, new_checkpoint)
+            reloaded = await asyncio.to_thread(set_policy, gateway, version, checkpoint=new_checkpoint)
             return await calls, reloaded
 
         # On a fast machine the calls can finish before the pause: that attempt proves nothing, so try again.
@@ -185,7 +148,7 @@ def test_calls_outliving_the_drain_deadline_are_aborted_and_their_retries_succee
             try:
                 responses, reloaded = asyncio.run(scenario(prefix, version))
             finally:
-                assert reload(gateway, version + 1, tiny_model_dir).status_code == 200
+                assert set_policy(gateway, version + 1, checkpoint=tiny_model_dir).status_code == 200
             report = reloaded.json()
             if report["aborted"] >= 1:
                 break

@@ -48,19 +48,25 @@ CREATE OR REPLACE MACRO with_finish_reason(message, reason) AS
 -- Documents are parsed once into typed structs (from_json): cheaper to plan and to run than many
 -- JSON-path extractions of the same text. Part values read as VARCHAR are json_text's (a string unquoted,
 -- anything else as its JSON text) without parsing them again.
+-- A macro's argument is copied wherever the macro uses it, and so are the macros it calls (DuckDB's own
+-- nullif and array_to_string are macros that use theirs twice): list comprehensions passed through them
+-- are planned and run several times. Text is therefore joined with list_aggr(..., 'string_agg', ''),
+-- which gives NULL rather than '' for nothing (chat_message makes '' NULL anyway).
 
 CREATE OR REPLACE MACRO semconv_messages_of(doc) AS from_json(doc, '[{
     "role": "VARCHAR", "finish_reason": "VARCHAR",
     "parts": [{"type": "VARCHAR", "content": "VARCHAR", "id": "VARCHAR", "name": "VARCHAR",
                "arguments": "VARCHAR", "response": "VARCHAR"}]}]');
 
+-- The text of the parts of one type, joined; NULL when there is none.
 CREATE OR REPLACE MACRO parts_text(parts, part_type) AS
-    array_to_string([p.content FOR p IN parts IF p.type = part_type], '');
+    list_aggr([p.content FOR p IN parts IF p.type = part_type AND p.content <> ''], 'string_agg', '');
 
 CREATE OR REPLACE MACRO semconv_message(m) AS chat_message(
     m.role,
-    coalesce(nullif(parts_text(m.parts, 'text'), ''),
-             array_to_string([p.response FOR p IN m.parts IF p.type = 'tool_call_response'], '')),
+    coalesce(parts_text(m.parts, 'text'),
+             list_aggr([p.response FOR p IN m.parts IF p.type = 'tool_call_response' AND p.response <> ''],
+                       'string_agg', '')),
     [{'id': p.id, 'name': p.name, 'arguments': p.arguments}
         FOR p IN m.parts IF p.type = 'tool_call'],
     [p.id FOR p IN m.parts IF p.type = 'tool_call_response'][1],
@@ -135,7 +141,9 @@ CREATE OR REPLACE MACRO oi_response_of(j) AS from_json(j, '{
 CREATE OR REPLACE MACRO openai_content(c) AS
     CASE json_type(c)
         WHEN 'ARRAY'
-        THEN array_to_string([p ->> 'text' FOR p IN json_extract(c, '$[*]') IF p ->> 'type' = 'text'], '')
+        -- NULL rather than '' when there is no text part: chat_message makes '' NULL anyway
+        THEN list_aggr([p ->> 'text' FOR p IN json_extract(c, '$[*]') IF p ->> 'type' = 'text'],
+                       'string_agg', '')
         ELSE json_text(c) END;
 
 CREATE OR REPLACE MACRO openai_tool_calls(calls) AS

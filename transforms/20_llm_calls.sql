@@ -109,53 +109,26 @@ SELECT
     span_id,
     count(*) FILTER (WHERE event_dialect = 'legacy_events') AS n_legacy_events,
     count(*) FILTER (WHERE event_dialect = 'semconv_event') AS n_details_events,
-    list(openai_message(openai_message_of(body), regexp_extract(event_name, '^gen_ai\.(\w+)\.message$', 1))
-         ORDER BY seq)
+    list(openai_message(message, role) ORDER BY seq)
         FILTER (WHERE event_dialect = 'legacy_events' AND event_name <> 'gen_ai.choice') AS legacy_input,
-    list(openai_output_message(openai_choice_of(body)) ORDER BY TRY_CAST(body ->> 'index' AS INTEGER), seq)
+    list(openai_output_message(choice) ORDER BY TRY_CAST(body ->> 'index' AS INTEGER), seq)
         FILTER (WHERE event_name = 'gen_ai.choice') AS legacy_output,
     arg_max(attributes, seq) FILTER (WHERE event_dialect = 'semconv_event') AS details
-FROM genai_content_events
-WHERE span_id IS NOT NULL
+FROM (
+    -- Parsed here, not in the macro calls: a macro copies its argument into every place that uses it, and
+    -- binding (planning) the copies of a parse costs more than running it.
+    SELECT
+        *,
+        openai_message_of(body) AS message,
+        regexp_extract(event_name, '^gen_ai\.(\w+)\.message$', 1) AS role,
+        openai_choice_of(body) AS choice
+    FROM genai_content_events
+    WHERE span_id IS NOT NULL
+)
 GROUP BY trace_id, span_id;
 
--- Dedup (PLAN.md): a call recorded both by the gateway and by the client's instrumentation keeps only the
--- gateway row. The client span is the gateway span's parent or grandparent when the trace context was
--- propagated, or else a client call of the same rollout whose time range contains the gateway span.
--- Maps each superseded client call to its gateway call.
--- Maps each superseded client span to its gateway call; computed from span ids, times and identity only
--- (matches on spans that are not calls, such as an HTTP span or the rollout's own, are never looked up).
-CREATE OR REPLACE VIEW llm_call_superseded AS
-WITH gateway_calls AS (
-    SELECT s.trace_id, s.span_id, s.parent_span_id, s.start_time_unix_nano, s.end_time_unix_nano, i.rollout_id
-    FROM spans s LEFT JOIN span_identity i USING (trace_id, span_id)
-    WHERE s.scope_name = 'otel_rl.gateway'
-),
-matches AS (
-    SELECT g.trace_id AS client_trace_id, g.parent_span_id AS client_span_id, g.trace_id, g.span_id
-    FROM gateway_calls g
-    UNION ALL
-    SELECT g.trace_id, p.parent_span_id, g.trace_id, g.span_id
-    FROM gateway_calls g JOIN spans p ON p.trace_id = g.trace_id AND p.span_id = g.parent_span_id
-    UNION ALL
-    SELECT c.trace_id, c.span_id, g.trace_id, g.span_id
-    FROM spans c
-    JOIN span_identity i USING (trace_id, span_id)
-    JOIN gateway_calls g
-      ON i.rollout_id = g.rollout_id
-     AND c.start_time_unix_nano <= g.start_time_unix_nano AND g.end_time_unix_nano <= c.end_time_unix_nano
-    WHERE c.scope_name IS DISTINCT FROM 'otel_rl.gateway'
-)
-SELECT
-    client_trace_id AS trace_id,
-    client_span_id AS span_id,
-    min({'trace_id': trace_id, 'span_id': span_id}) AS gateway_call
-FROM matches
-GROUP BY ALL;
-
--- Every model call span with its rollout identity, error flag and superseding gateway call, but no content:
--- what rollouts and rewards read (much cheaper to plan and to run than llm_call_rows).
-CREATE OR REPLACE VIEW llm_call_index AS
+-- Every model call span with its rollout identity, error flag and policy version: no content, no dedup.
+CREATE OR REPLACE VIEW llm_call_identity AS
 SELECT
     *,
     status_code = 2 OR a."error.type" IS NOT NULL OR list_contains(event_names, 'exception') AS is_error,
@@ -168,13 +141,60 @@ FROM (
         i.group_id,
         i.task_id,
         i.split,
-        json_extract_string(s.events, '$[*].name') AS event_names,
-        -- a gateway row is never superseded
-        CASE WHEN s.span_dialect <> 'gateway' THEN g.gateway_call END AS gateway_call
+        json_extract_string(s.events, '$[*].name') AS event_names
     FROM llm_call_spans s
-    LEFT JOIN llm_call_superseded g USING (trace_id, span_id)
     LEFT JOIN span_identity i USING (trace_id, span_id)
 );
+
+-- The same with each call's superseding gateway call (dedup, PLAN.md): what rollouts and rewards read (much
+-- cheaper to plan and to run than llm_call_rows). A call recorded both by the gateway and by the client's
+-- instrumentation keeps only the gateway row. The client call span is the gateway call span's parent or
+-- grandparent when the trace context was propagated, or else a client call of the same rollout whose time
+-- range contains the gateway call's.
+CREATE OR REPLACE VIEW llm_call_index AS
+WITH calls AS MATERIALIZED (
+    -- Computed once for the rows and for the matches: every reference to a view computes it again, and this
+    -- one parses every span's identity and every call span's attributes.
+    SELECT * FROM llm_call_identity
+),
+gateway_calls AS (
+    SELECT trace_id, span_id, parent_span_id, start_time_unix_nano, end_time_unix_nano, rollout_id
+    FROM calls
+    WHERE span_dialect = 'gateway'
+),
+matches AS (
+    SELECT g.trace_id AS client_trace_id, g.parent_span_id AS client_span_id, g.trace_id, g.span_id
+    FROM gateway_calls g
+    UNION ALL
+    SELECT g.trace_id, p.parent_span_id, g.trace_id, g.span_id
+    FROM gateway_calls g JOIN spans p ON p.trace_id = g.trace_id AND p.span_id = g.parent_span_id
+    UNION ALL
+    -- an equi-join on the rollout, then the time test: only calls of one rollout are compared
+    SELECT c.trace_id, c.span_id, g.trace_id, g.span_id
+    FROM calls c JOIN gateway_calls g ON c.rollout_id = g.rollout_id
+    WHERE c.span_dialect <> 'gateway'
+      AND c.start_time_unix_nano <= g.start_time_unix_nano AND g.end_time_unix_nano <= c.end_time_unix_nano
+),
+superseded AS (
+    SELECT
+        client_trace_id AS trace_id,
+        client_span_id AS span_id,
+        min({'trace_id': trace_id, 'span_id': span_id}) AS gateway_call
+    FROM matches
+    GROUP BY ALL
+)
+SELECT
+    c.*,
+    -- a gateway row is never superseded
+    CASE WHEN c.span_dialect <> 'gateway' THEN s.gateway_call END AS gateway_call
+FROM calls c
+LEFT JOIN superseded s USING (trace_id, span_id);
+
+-- Each superseded client call span and its gateway call.
+CREATE OR REPLACE VIEW llm_call_superseded AS
+SELECT trace_id, span_id, gateway_call
+FROM llm_call_index
+WHERE gateway_call IS NOT NULL;
 
 -- Every model call row, including client rows that a gateway row supersedes.
 CREATE OR REPLACE VIEW llm_call_rows AS
@@ -231,7 +251,13 @@ sourced AS (
             CASE WHEN a."llm.finish_reason" IS NOT NULL THEN [a."llm.finish_reason"] END
         )] AS attribute_finish_reasons,
         coalesce(a."gen_ai.request.choice.count", a."gen_ai.request.n",
-                 TRY_CAST(oi_params ->> 'n' AS INTEGER)) AS requested_choices
+                 TRY_CAST(oi_params ->> 'n' AS INTEGER)) AS requested_choices,
+        -- a column, not error_type_name's argument: the macro uses its argument four times
+        coalesce(
+            a."error.type",
+            [json_extract(ev, 'attributes') ->> 'exception.type'
+                FOR ev IN json_extract(events, '$[*]') IF ev ->> 'name' = 'exception'][1]
+        ) AS raw_error_type
     FROM calls
 ),
 
@@ -265,7 +291,8 @@ normalized AS (
             WHEN 'openinference' THEN
                 CASE WHEN oi_request.messages IS NOT NULL
                      THEN [openai_message(m, NULL) FOR m IN oi_request.messages]
-                     ELSE nullif(oi_messages(content_attributes, 'llm.input_messages.'), []) END
+                     -- [] when none: the final SELECT makes it NULL (a nullif here would plan it twice)
+                     ELSE oi_messages(content_attributes, 'llm.input_messages.') END
             WHEN 'legacy_events' THEN legacy_input
             ELSE semconv_input_messages(TRY_CAST(content."gen_ai.input.messages" AS JSON),
                                         TRY_CAST(content."gen_ai.system_instructions" AS JSON))
@@ -274,11 +301,10 @@ normalized AS (
             WHEN 'openinference' THEN
                 CASE WHEN oi_response.choices IS NOT NULL
                      THEN [openai_output_message(c) FOR c IN oi_response.choices]
-                     -- llm.finish_reason is the first choice's only
-                     ELSE nullif(list_transform(oi_messages(content_attributes, 'llm.output_messages.'),
-                                                lambda m, i: with_finish_reason(
-                                                    m, CASE WHEN i = 1 THEN a."llm.finish_reason" END)),
-                                 []) END
+                     -- llm.finish_reason is the first choice's only; [] when none, as above
+                     ELSE list_transform(oi_messages(content_attributes, 'llm.output_messages.'),
+                                         lambda m, i: with_finish_reason(
+                                             m, CASE WHEN i = 1 THEN a."llm.finish_reason" END)) END
             WHEN 'legacy_events' THEN legacy_output
             ELSE semconv_output_messages(TRY_CAST(content."gen_ai.output.messages" AS JSON))
         END AS output_messages_list,
@@ -290,9 +316,9 @@ normalized AS (
             WHEN dialect = 'openinference' THEN
                 CASE WHEN oi_response.choices IS NOT NULL
                      THEN [finish_reason(c.finish_reason) FOR c IN oi_response.choices]
-                     ELSE nullif([CASE WHEN i = 0 THEN finish_reason(a."llm.finish_reason") END
-                                  FOR i IN range(oi_count(content_attributes, 'llm.output_messages.'))],
-                                 []) END
+                     -- [] when none, read as none below
+                     ELSE [CASE WHEN i = 0 THEN finish_reason(a."llm.finish_reason") END
+                           FOR i IN range(oi_count(content_attributes, 'llm.output_messages.'))] END
             WHEN dialect = 'legacy_events' THEN [m.finish_reason FOR m IN legacy_output]
             ELSE [finish_reason(r)
                   FOR r IN json_extract_string(TRY_CAST(content."gen_ai.output.messages" AS JSON),
@@ -326,11 +352,7 @@ normalized AS (
         ) AS streaming,
 
         is_error,
-        error_type_name(coalesce(
-            a."error.type",
-            [json_extract(ev, 'attributes') ->> 'exception.type'
-                FOR ev IN json_extract(events, '$[*]') IF ev ->> 'name' = 'exception'][1]
-        )) AS error_type,
+        error_type_name(raw_error_type) AS error_type,
 
         -- Token data: the gateway's packed arrays, or the raw vLLM response that OpenInference keeps.
         CASE WHEN span_dialect = 'gateway' THEN gw_prompt_token_ids ELSE oi_response.prompt_token_ids END
@@ -412,3 +434,37 @@ CREATE OR REPLACE VIEW llm_calls AS
 SELECT * EXCLUDE (superseded_by_trace_id, superseded_by_span_id)
 FROM llm_call_rows
 WHERE superseded_by_span_id IS NULL;
+
+-- The llm_calls columns that turn gateway calls into training samples, read without normalizing any content:
+-- one row per gateway row of llm_calls, with the same values (tests/test_samples_export.py checks it), at a
+-- fraction of the cost. Finish reasons come from gen_ai.response.finish_reasons, which the gateway writes
+-- (one per choice, "" for none) with its output messages. The samples pipeline reads other dialects from
+-- llm_calls.
+CREATE OR REPLACE VIEW gateway_call_tokens AS
+SELECT
+    s.trace_id,
+    s.span_id,
+    s.rollout_id,
+    s.attempt_id,
+    s.group_id,
+    s.task_id,
+    s.split,
+    s.start_time_unix_nano,
+    s.is_error,
+    CASE WHEN list_bool_or([r IS NOT NULL FOR r IN s.finish_reasons]) THEN s.finish_reasons END
+        AS finish_reasons,
+    t.prompt_token_ids,
+    CASE WHEN list_bool_or([c IS NOT NULL FOR c IN t.choice_token_ids]) THEN t.choice_token_ids END
+        AS completion_token_ids,
+    CASE WHEN list_bool_or([l IS NOT NULL FOR l IN t.choice_logprobs]) THEN t.choice_logprobs END
+        AS completion_logprobs,
+    s.policy_version
+FROM (
+    SELECT
+        *,
+        [finish_reason(r) FOR r IN json_extract_string(json_doc(a."gen_ai.response.finish_reasons"), '$[*]')]
+            AS finish_reasons
+    FROM llm_call_identity  -- gateway rows are never superseded
+    WHERE span_dialect = 'gateway'
+) s
+LEFT JOIN call_tokens t USING (trace_id, span_id);

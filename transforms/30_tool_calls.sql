@@ -15,29 +15,45 @@ WITH calls AS (
     FROM llm_calls
 ),
 
+-- Lists are unnested in the select list (unnest beside generate_subscripts, which gives each element's
+-- position): a lateral unnest in FROM is planned as a join of every row with its own elements, which
+-- cost more than the rest of this view.
+output_messages AS (
+    SELECT *, unnest(outputs) AS message, generate_subscripts(outputs, 1) AS choice
+    FROM calls
+),
+requested_calls AS (
+    SELECT
+        *,
+        unnest(message.tool_calls) AS tool_call,
+        generate_subscripts(message.tool_calls, 1) AS call_position
+    FROM output_messages
+),
 requested AS (
     SELECT
-        c.rollout_id,
-        c.trace_id,
-        c.span_id,
-        c.conversation,
-        c.start_time_unix_nano,
-        o.choice - 1 AS choice_index,
-        t.position AS call_position,
-        t.tool_call.id AS tool_call_id,
-        t.tool_call.name AS name,
-        t.tool_call.arguments AS arguments
-    FROM calls c,
-        unnest(c.outputs) WITH ORDINALITY AS o(message, choice),
-        unnest(o.message.tool_calls) WITH ORDINALITY AS t(tool_call, position)
+        rollout_id,
+        trace_id,
+        span_id,
+        conversation,
+        start_time_unix_nano,
+        choice - 1 AS choice_index,
+        call_position,
+        tool_call.id AS tool_call_id,
+        tool_call.name AS name,
+        tool_call.arguments AS arguments
+    FROM requested_calls
 ),
 
 -- Tool messages in call inputs. Some libraries drop a tool message's call id (Traceloop's legacy
 -- gen_ai.tool.message): it is then the k-th tool message after an assistant message answering that
 -- message's k-th tool call, which is how the OpenAI chat format orders them.
 input_messages AS (
-    SELECT c.conversation, c.start_time_unix_nano, i.message, i.position
-    FROM calls c, unnest(c.inputs) WITH ORDINALITY AS i(message, position)
+    SELECT
+        conversation,
+        start_time_unix_nano,
+        unnest(inputs) AS message,
+        generate_subscripts(inputs, 1) AS position
+    FROM calls
 ),
 placed AS (
     SELECT

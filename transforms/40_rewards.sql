@@ -1,7 +1,9 @@
 -- rewards: every gen_ai.evaluation.result, sent as a span event or as a log record (the SDK's
 -- otel_rl.reward(), POST /v1/rewards, any grader using the GenAI evaluation event).
 
-CREATE OR REPLACE VIEW rewards AS
+-- The records with their own fields, before they are placed (which call, which rollout): rewards places
+-- them; rollouts reads the outcome records through the same fields.
+CREATE OR REPLACE VIEW reward_records AS
 WITH span_events AS (
     SELECT s.trace_id, s.span_id, e.event
     FROM spans s, unnest(json_extract(s.events, '$[*]')) AS e(event)
@@ -28,6 +30,27 @@ evaluations AS (
         'log' AS origin
     FROM logs
     WHERE event_name = 'gen_ai.evaluation.result'
+)
+SELECT
+    -- the record's own rollout id; else the rollout of its span or trace (placed by rewards)
+    coalesce(attributes ->> 'otel_rl.rollout.id', resource_attributes ->> 'otel_rl.rollout.id') AS rollout_id,
+    trace_id,
+    span_id,
+    attributes ->> 'gen_ai.evaluation.name' AS name,
+    TRY_CAST(attributes ->> 'gen_ai.evaluation.score.value' AS DOUBLE) AS value,
+    attributes ->> 'gen_ai.evaluation.score.label' AS label,
+    attributes ->> 'gen_ai.evaluation.explanation' AS explanation,
+    attributes ->> 'otel_rl.reward.source' AS source,
+    origin,
+    time
+FROM evaluations;
+
+CREATE OR REPLACE VIEW rewards AS
+WITH
+-- Read twice below (a reward's span, else its trace) but computed once: each reference to a view computes it
+-- again, and this one parses every span's attributes.
+identity AS MATERIALIZED (
+    SELECT trace_id, span_id, rollout_id FROM span_identity
 ),
 -- Rewards on a client call span that a gateway row superseded belong to the gateway's llm_calls row.
 call_spans AS (
@@ -38,21 +61,20 @@ call_spans AS (
 )
 
 SELECT
-    coalesce(ev.attributes ->> 'otel_rl.rollout.id', ev.resource_attributes ->> 'otel_rl.rollout.id',
-             i.rollout_id, t.rollout_id) AS rollout_id,
-    coalesce(c.call_trace_id, ev.trace_id) AS trace_id,
-    coalesce(c.call_span_id, ev.span_id) AS span_id,
+    coalesce(r.rollout_id, i.rollout_id, t.rollout_id) AS rollout_id,
+    coalesce(c.call_trace_id, r.trace_id) AS trace_id,
+    coalesce(c.call_span_id, r.span_id) AS span_id,
     CASE WHEN c.span_id IS NOT NULL THEN 'turn' ELSE 'outcome' END AS level,
-    ev.attributes ->> 'gen_ai.evaluation.name' AS name,
-    TRY_CAST(ev.attributes ->> 'gen_ai.evaluation.score.value' AS DOUBLE) AS value,
-    ev.attributes ->> 'gen_ai.evaluation.score.label' AS label,
-    ev.attributes ->> 'gen_ai.evaluation.explanation' AS explanation,
-    ev.attributes ->> 'otel_rl.reward.source' AS source,
-    ev.origin,
-    ev.time
-FROM evaluations ev
-LEFT JOIN call_spans c ON c.trace_id = ev.trace_id AND c.span_id = ev.span_id
-LEFT JOIN span_identity i ON i.trace_id = ev.trace_id AND i.span_id = ev.span_id
+    r.name,
+    r.value,
+    r.label,
+    r.explanation,
+    r.source,
+    r.origin,
+    r.time
+FROM reward_records r
+LEFT JOIN call_spans c ON c.trace_id = r.trace_id AND c.span_id = r.span_id
+LEFT JOIN identity i ON i.trace_id = r.trace_id AND i.span_id = r.span_id
 -- a log record may name only its trace (or a span not stored yet): any identity of that trace
-LEFT JOIN (SELECT trace_id, any_value(rollout_id) AS rollout_id FROM span_identity
-           WHERE rollout_id IS NOT NULL GROUP BY trace_id) t ON t.trace_id = ev.trace_id;
+LEFT JOIN (SELECT trace_id, any_value(rollout_id) AS rollout_id FROM identity
+           WHERE rollout_id IS NOT NULL GROUP BY trace_id) t ON t.trace_id = r.trace_id;

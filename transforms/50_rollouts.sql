@@ -2,7 +2,11 @@
 
 CREATE OR REPLACE VIEW rollouts AS
 WITH rollout_spans AS (
-    SELECT s.*, i.rollout_id, i.attempt_id, i.group_id, i.task_id, i.split
+    -- read several times below, so kept (materialized) with only the columns read: not content or events
+    SELECT
+        s.trace_id, s.span_id, s.parent_span_id, s.name, s.scope_name, s.status_code, s.start_time_unix_nano,
+        s.end_time_unix_nano, s.attributes, s.resource_attributes ->> 'service.name' AS service_name,
+        i.rollout_id, i.attempt_id, i.group_id, i.task_id, i.split
     FROM spans s JOIN span_identity i USING (trace_id, span_id)
     WHERE i.rollout_id IS NOT NULL
 ),
@@ -40,15 +44,19 @@ summary AS (
         min(start_time_unix_nano) AS start_time_unix_nano,
         max(end_time_unix_nano) AS end_time_unix_nano,
         -- the harness's service, not the controller's or the gateway's
-        coalesce(min_by(resource_attributes ->> 'service.name', start_time_unix_nano)
+        coalesce(min_by(service_name, start_time_unix_nano)
                      FILTER (WHERE scope_name NOT IN ('otel_rl.controller', 'otel_rl.gateway')),
-                 min_by(resource_attributes ->> 'service.name', start_time_unix_nano)) AS service_name,
+                 min_by(service_name, start_time_unix_nano)) AS service_name,
         list(DISTINCT trace_id ORDER BY trace_id) AS trace_ids,
         -- A zero-code harness has no rollout span: its finished work shows as trace roots.
         bool_or(parent_span_id IS NULL) AS has_root_span,
         bool_or(parent_span_id IS NULL AND status_code = 2) AS has_failed_root_span
     FROM rollout_spans
     GROUP BY rollout_id
+),
+-- Every call span, read twice: for the counts and to tell outcome rewards from turn rewards.
+call_index AS MATERIALIZED (
+    SELECT trace_id, span_id, rollout_id, is_error, policy_version, gateway_call FROM llm_call_index
 ),
 calls AS (
     SELECT
@@ -57,14 +65,24 @@ calls AS (
         count(*) FILTER (WHERE is_error) AS n_error_calls,
         min(policy_version) AS policy_version_min,
         max(policy_version) AS policy_version_max
-    FROM llm_call_index
+    FROM call_index
     WHERE rollout_id IS NOT NULL AND gateway_call IS NULL  -- the rows of llm_calls
     GROUP BY rollout_id
 ),
+-- The rewards view's outcome rows (40_rewards.sql places them the same way: the record's rollout id, else its
+-- span's, else any of its trace's; outcome when not on a call span), read from the relations above: the
+-- rewards view would compute span_identity and llm_call_index again.
 outcomes AS (
     SELECT rollout_id, arg_max(value, time) AS outcome_reward
-    FROM rewards
-    WHERE level = 'outcome' AND name = 'outcome'
+    FROM (
+        SELECT coalesce(r.rollout_id, i.rollout_id, t.rollout_id) AS rollout_id, r.value, r.time
+        FROM reward_records r
+        LEFT JOIN rollout_spans i ON i.trace_id = r.trace_id AND i.span_id = r.span_id
+        LEFT JOIN (SELECT trace_id, any_value(rollout_id) AS rollout_id FROM rollout_spans GROUP BY trace_id)
+            t ON t.trace_id = r.trace_id
+        ANTI JOIN call_index c ON c.trace_id = r.trace_id AND c.span_id = r.span_id
+        WHERE r.name = 'outcome'
+    )
     GROUP BY rollout_id
 )
 
