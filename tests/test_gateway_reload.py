@@ -128,12 +128,13 @@ def test_calls_outliving_the_drain_deadline_are_aborted_and_their_retries_succee
             async with client:
                 return await client.chat.completions.create(
                     model="tiny", messages=[{"role": "user", "content": PROMPTS[n % len(PROMPTS)]}],
-                    temperature=0, max_tokens=480, extra_body={"ignore_eos": True},  # seconds, batched
+                    # 6 calls x 16 choices x 480 tokens: several seconds of decoding even on a fast machine
+                    temperature=1, max_tokens=480, n=16, extra_body={"ignore_eos": True},
                     extra_headers={"x-otel-rl-rollout-id": rollout_id},
                 )  # fmt: skip
 
         async def scenario(prefix: str, version: int) -> tuple[list, httpx.Response]:
-            # Six long generations batched together keep the server busy well past the reload's start.
+            # Long generations batched together keep the server busy well past the reload's start.
             calls = asyncio.gather(*(long_call(f"{prefix}-{n}", n) for n in range(6)))
             deadline = time.monotonic() + 60
             while gateway.gateway.coordinator.in_flight < 3:  # most are generating
