@@ -126,6 +126,9 @@ def sft_from_traces(config: TrainConfig, console: Console) -> Path:
         where = config.offline.where or "true"
         with console.status("reading conversations from the store"):
             chats = sft_records(*stored_samples(config, where, trainer.tokenizer), config.offline.min_reward)
+        # The store returns rollouts in no set order (and their ids are random): sort, so that a seeded run
+        # draws the same batches from the same conversations.
+        chats.sort(key=lambda chat: json.dumps(chat, sort_keys=True))
     console.print(f"{len(chats)} conversations for SFT")
     batches = sft_batches(trainer.tokenizer, chats, config.offline.sft_batch_size, config.seed)
     return train_loop(config, trainer, lambda: trainer.sft_step(*next(batches)), console, "SFT")

@@ -697,11 +697,11 @@ class OnlineLoop:
     # --- evaluation ----------------------------------------------------------------------------------
 
     async def _evaluate_all(self, console: Console) -> list[EvalRecord]:
-        records = []
-        for name, controller in self.eval_controllers.items():
-            records.append(await self._evaluate(name, controller))
-            console.print(format_eval(records[-1]))
-        return records
+        # At the same time: the same policy version serves all of them, in bigger vLLM batches.
+        records = await asyncio.gather(*(self._evaluate(*named) for named in self.eval_controllers.items()))
+        for record in records:
+            console.print(format_eval(record))
+        return list(records)
 
     async def _evaluate(self, name: str, controller: Controller) -> EvalRecord:
         """Every val task once at the current policy version, with one of the eval commands."""
