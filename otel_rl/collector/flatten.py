@@ -237,6 +237,11 @@ class _ContentKeys(dict):
 _IS_CONTENT = _ContentKeys()
 
 
+def is_content_attribute(key: str) -> bool:
+    """Whether a span attribute carries a call's content (it goes to `spans.content_attributes`)."""
+    return _IS_CONTENT[key]
+
+
 def _span_attributes(
     kvs: Iterable, trace_id: str, span_id: str
 ) -> tuple[bytes, bytes | None, PackedTokens | None]:

@@ -25,13 +25,7 @@ from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace import INVALID_SPAN_CONTEXT, SpanContext, SpanKind, Status, StatusCode, TraceFlags
 
 from otel_rl.attributes import GATEWAY_SCOPE
-from otel_rl.collector.flatten import (
-    CONTENT_ATTRIBUTE_PREFIXES,
-    CONTENT_ATTRIBUTES,
-    SPANS_SCHEMA,
-    PackedTokens,
-    call_tokens_table,
-)
+from otel_rl.collector.flatten import SPANS_SCHEMA, PackedTokens, call_tokens_table, is_content_attribute
 from otel_rl.gateway.recording import CallRecord, call_attributes, span_name, token_arrays
 from otel_rl.store.writer import Batch, Saturated
 
@@ -78,7 +72,7 @@ class CallSpanWriter:
         for key, value in call_attributes(record, packed_tokens=False).items():
             if value is None:  # the SDK drops them too
                 continue
-            if key in CONTENT_ATTRIBUTES or key.startswith(CONTENT_ATTRIBUTE_PREFIXES):
+            if is_content_attribute(key):
                 content[key] = value
             else:
                 attributes[key] = value
