@@ -1,7 +1,6 @@
 """otel-rl: turn the OpenTelemetry traces of agent harnesses into reinforcement-learning training data."""
 
-from importlib import import_module
-from typing import Any
+from otel_rl.lazy_exports import lazy_exports
 
 # The public API, imported on first use so that `otel-rl` sub-commands stay fast to start.
 _EXPORTS = {
@@ -13,8 +12,4 @@ _EXPORTS = {
 
 __all__ = list(_EXPORTS)
 
-
-def __getattr__(name: str) -> Any:
-    if name not in _EXPORTS:
-        raise AttributeError(f"module 'otel_rl' has no attribute {name!r}")
-    return getattr(import_module(_EXPORTS[name]), name)
+__getattr__ = lazy_exports(__name__, _EXPORTS)

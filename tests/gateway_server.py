@@ -136,6 +136,22 @@ async def keep_calling(
     return responses
 
 
+def assert_served_by_versions(
+    responses: list, versions: list[int], spans: dict, models: dict, tolerance: float
+) -> set[tuple]:
+    """Each response's recorded tokens are its own, and it came whole from the weights of the version its
+    span names (`models[version]`); checked once per distinct (version, prompt, completion), returned."""
+    checked = set()
+    for response, version in zip(responses, versions, strict=True):
+        completion_ids = response.choices[0].token_ids
+        assert spans[response.id]["choice_token_ids"] == [completion_ids]
+        key = (version, tuple(response.prompt_token_ids), tuple(completion_ids))
+        if key not in checked:
+            checked.add(key)
+            assert_served_by(models[version], response, tolerance)
+    return checked
+
+
 def assert_served_by(model, response, tolerance: float) -> None:
     """The response's greedy tokens and their logprobs are those of transformers' float32 `model`."""
     completion_ids = response.choices[0].token_ids

@@ -12,7 +12,7 @@ from fake_vllm import FakeVLLM
 from gateway_server import (
     ADMIN_TOKEN,
     GatewayServer,
-    assert_served_by,
+    assert_served_by_versions,
     reload_during_traffic,
     set_policy,
     teacher_forced,
@@ -60,17 +60,9 @@ def test_reload_in_the_middle_of_traffic_switches_every_call_cleanly(
         spans = {s["attributes"]["gen_ai.response.id"]: s for s in traffic}
         versions = [spans[r.id]["attributes"]["otel_rl.policy.version"] for r in responses]
         assert {0, 1} <= set(versions), f"traffic did not straddle the reload: versions {set(versions)}"
-        checked = set()
-        for response, version in zip(responses, versions, strict=True):
-            completion_ids = response.choices[0].token_ids
-            assert spans[response.id]["choice_token_ids"] == [completion_ids]
-            key = (version, tuple(response.prompt_token_ids), tuple(completion_ids))
-            if key in checked:
-                continue
-            checked.add(key)
-            # The whole response comes from the weights of the version its span names: greedy tokens and
-            # logprobs equal transformers' float32 forward pass of those weights.
-            assert_served_by(models[version], response, LOGPROB_TOLERANCE)
+        # The whole response comes from the weights of the version its span names: greedy tokens and
+        # logprobs equal transformers' float32 forward pass of those weights.
+        assert_served_by_versions(responses, versions, spans, models, LOGPROB_TOLERANCE)
 
         after_ids = after.choices[0].token_ids
         greedy = teacher_forced(models[1], after.prompt_token_ids, after_ids).argmax(-1).tolist()

@@ -1,7 +1,6 @@
 """Stored calls -> token-aligned training samples (docs/samples.md): the Python API of `otel-rl export`."""
 
-from importlib import import_module
-from typing import Any
+from otel_rl.lazy_exports import lazy_exports
 
 # Imported on first use: `export` pulls in torch and verl, which CLI start-up should not pay for.
 _EXPORTS = {
@@ -18,8 +17,4 @@ _EXPORTS = {
 
 __all__ = sorted(_EXPORTS)
 
-
-def __getattr__(name: str) -> Any:
-    if name not in _EXPORTS:
-        raise AttributeError(f"module 'otel_rl.transforms' has no attribute {name!r}")
-    return getattr(import_module(_EXPORTS[name]), name)
+__getattr__ = lazy_exports(__name__, _EXPORTS)
