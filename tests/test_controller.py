@@ -3,6 +3,7 @@
 import asyncio
 import json
 import os
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -242,6 +243,21 @@ def test_preload_accepts_only_python_harness_commands():
             ControllerSettings(command=command, preload=("openai",))
     with pytest.raises(ValueError, match="argv list"):
         ControllerSettings(command="python agent.py", preload=("openai",))
+
+
+def test_preloading_openai_builds_the_response_models_a_harness_parses_before_it_forks():
+    """openai builds its response models' validators on first use; a fork server builds them once."""
+    check = (
+        "from openai.types.chat import ChatCompletion, ChatCompletionMessage\n"
+        "from openai.types.chat.chat_completion import Choice\n"
+        "models = (ChatCompletion, Choice, ChatCompletionMessage)\n"
+        "before = [m.__pydantic_complete__ for m in models]\n"
+        "from otel_rl.controller.forkserver import preload\n"
+        "preload(['openai'])\n"
+        "print(before, [m.__pydantic_complete__ for m in models])\n"
+    )
+    done = subprocess.run([sys.executable, "-c", check], capture_output=True, text=True, check=True)
+    assert done.stdout.split() == ["[False,", "False,", "False]", "[True,", "True,", "True]"]
 
 
 def test_a_forked_harness_failing_before_it_runs_is_an_infra_error(otel_rl_server, tmp_path):

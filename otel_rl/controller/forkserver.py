@@ -23,6 +23,7 @@ import selectors
 import signal
 import sys
 import traceback
+import typing
 from asyncio.subprocess import PIPE
 from collections.abc import Mapping, Sequence
 from importlib import import_module
@@ -47,13 +48,52 @@ def python_target(argv: Sequence[str]) -> tuple[str, str, list[str]]:
 
 
 def preload(modules: Sequence[str]) -> None:
-    """Import the modules; with otel_rl among them, also everything `otel_rl.instrument()` imports."""
+    """Import the modules; with otel_rl among them, also everything `otel_rl.instrument()` imports; with
+    openai, also what a harness's first OpenAI call would build."""
     for name in modules:
         import_module(name)
     if any(name == "otel_rl" or name.startswith("otel_rl.") for name in modules):
         from otel_rl.sdk.setup import warm_up
 
         warm_up()
+    if "openai" in modules:
+        warm_up_openai()
+
+
+def warm_up_openai() -> None:
+    """Build once what each harness would build on its first OpenAI call: the client's HTTP stack, the
+    resources it imports on first access, and the validators of the response models, which openai defers
+    to first use (pydantic `defer_build`). Measured: a calculator rollout forked warm took 110 ms of CPU
+    instead of 140."""
+    import openai
+    from openai.types import Completion, Model
+    from openai.types.chat import ChatCompletion, ChatCompletionChunk
+
+    client = openai.OpenAI(api_key="warm-up", base_url="http://127.0.0.1/v1")
+    client.chat.completions, client.completions, client.models  # noqa: B018 - imported on first access
+    client.close()
+    for model in models_within((ChatCompletion, ChatCompletionChunk, Completion, Model)):
+        model.model_rebuild(raise_errors=False)
+
+
+def models_within(roots: Sequence[type]) -> set[type]:
+    """The pydantic models `roots` are made of: themselves and, recursively, those of their fields."""
+    import pydantic
+
+    found: set[type] = set()
+    todo = list(roots)
+    while todo:
+        model = todo.pop()
+        if model in found:
+            continue
+        found.add(model)
+        annotations = [field.annotation for field in model.model_fields.values()]
+        while annotations:
+            annotation = annotations.pop()
+            annotations += typing.get_args(annotation)
+            if isinstance(annotation, type) and issubclass(annotation, pydantic.BaseModel):
+                todo.append(annotation)
+    return found
 
 
 def run_child(argv: Sequence[str], env: dict[str, str], log_path: str) -> NoReturn:
