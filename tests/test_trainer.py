@@ -22,6 +22,7 @@ from otel_rl.cli import app
 from otel_rl.train.config import ConfigError, config_from_dict, load_config
 from otel_rl.train.sft import sft_batches, tokenize_chat
 from otel_rl.train.trainer import Trainer
+from otel_rl.train.worker import TrainerProcess
 from otel_rl.transforms.advantages import rollout_advantages
 from otel_rl.transforms.export import to_dataproto
 
@@ -202,6 +203,25 @@ def test_a_trainer_resumed_from_its_checkpoint_continues_exactly_as_one_never_st
         uninterrupted.model.parameters(), fresh_optimizer.model.parameters(), strict=True
     ))  # fmt: skip
     assert drift > 1e-5  # without the optimizer state the update differs (Adam's moments restart)
+
+
+def test_a_trainer_in_its_own_process_updates_and_saves_exactly_like_one_in_this_process(
+    tiny_model_dir, samples, tiny_tokenizer, tmp_path
+):
+    batch = to_dataproto(with_logprobs(samples, None), tiny_tokenizer.pad_token_id)
+    config = config_from_dict(settings(tiny_model_dir, optim={"lr": 1e-3}))
+    here = Trainer(config)
+    there = TrainerProcess(config)
+    try:
+        assert there.pad_token_id == tiny_tokenizer.pad_token_id
+        assert there.step(batch) == here.step(batch)
+        saved = there.save(tmp_path / "step-1")
+        assert there.save_state(saved).name == "trainer_state.pt"
+    finally:
+        there.close()
+    reloaded = AutoModelForCausalLM.from_pretrained(saved, dtype=torch.float32)
+    for a, b in zip(here.model.parameters(), reloaded.parameters(), strict=True):
+        torch.testing.assert_close(a, b, atol=0, rtol=0)
 
 
 def test_sft_masks_cover_exactly_the_assistant_turns_and_training_lowers_their_loss(tiny_model_dir):

@@ -25,6 +25,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from otel_rl import attributes as attr
 from otel_rl.controller import Controller, ControllerSettings, Rollout, RolloutResult, group_rollouts, new_id
 from otel_rl.train.config import ConfigError, TrainConfig
+from otel_rl.train.worker import TrainerProcess
 
 STATE_FILE = "online_state.json"  # in each step-N checkpoint: what a restart resumes from
 RUN_FILE = "run.json"  # in output_dir: the run's id, the prefix of its group ids
@@ -438,12 +439,17 @@ class OnlineLoop:
         return self.config.algorithm.groups_per_step * (self.config.algorithm.max_staleness + 1)
 
     async def run(self) -> OnlineResult:
-        from otel_rl.train.trainer import Trainer
+        config = self.config.model_copy(update={"model": self.checkpoint})
+        trainer = await asyncio.to_thread(TrainerProcess, config)
+        try:
+            return await self._run(trainer)
+        finally:
+            trainer.close()
 
+    async def _run(self, trainer: TrainerProcess) -> OnlineResult:
         started = time.monotonic()
         steps: list[StepRecord] = []
         evals: list[EvalRecord] = []
-        trainer = await asyncio.to_thread(Trainer, self.config.model_copy(update={"model": self.checkpoint}))
         if self.state.step > 0:  # resuming: continue with the optimizer where the checkpoint left it
             await asyncio.to_thread(trainer.load_state, self.checkpoint)
         await asyncio.to_thread(self._publish_start)
@@ -544,7 +550,7 @@ class OnlineLoop:
 
     # --- one step ------------------------------------------------------------------------------------
 
-    async def _step(self, trainer: Any, show: Callable[[str], None]) -> StepRecord:
+    async def _step(self, trainer: TrainerProcess, show: Callable[[str], None]) -> StepRecord:
         from otel_rl.transforms.export import to_dataproto
 
         started, started_ns = time.monotonic(), time.time_ns()
@@ -570,7 +576,7 @@ class OnlineLoop:
                     f"harness logs in {self.config.output_dir / 'rollouts'}"
                 )
         show(f"training on {samples.height} samples")
-        batch = to_dataproto(samples, trainer.tokenizer.pad_token_id)
+        batch = to_dataproto(samples, trainer.pad_token_id)
         metrics = await asyncio.to_thread(trainer.step, batch)
         trained = time.monotonic()
         self.state.step += 1
@@ -678,7 +684,7 @@ class OnlineLoop:
         )
         return build_samples(calls, rollouts, rewards, options=options)  # exact ids: no tokenizer needed
 
-    def _save(self, trainer: Any) -> Path:
+    def _save(self, trainer: TrainerProcess) -> Path:
         """step-N: the weights vLLM reloads, plus the state a restart resumes from (written atomically)."""
         final = self.config.output_dir / f"step-{self.state.step}"
         partial = self.config.output_dir / f".step-{self.state.step}.partial"
