@@ -49,12 +49,15 @@ def fixture_spans() -> list:
 
 
 def request_template(spans: list) -> tuple[bytes, list[bytes]]:
-    """A 512-span request cycling through the fixture spans, and the placeholder trace ids it uses.
+    """A 512-span request cycling through the fixture spans, and the placeholders it holds: its trace ids,
+    then every span's start time and end time.
 
-    Span ids are unique inside the request; each sent copy gets fresh trace ids (a bytes.replace of the
-    placeholders), so every request is new to the store's dedup.
+    Span ids are unique inside the request; each sent copy gets fresh trace ids and the time it is sent as
+    its spans' start (a bytes.replace of the placeholders), as an exporter sends new spans: every request is
+    new to the store's dedup, and the store sees time go on as it would.
     """
-    placeholders = [os.urandom(16) for _ in range(TRACES_PER_REQUEST)]
+    placeholders = [os.urandom(16) for _ in range(TRACES_PER_REQUEST)] + [os.urandom(8), os.urandom(8)]
+    start, end = (int.from_bytes(placeholder, "little") for placeholder in placeholders[-2:])
     request = ExportTraceServiceRequest()
     scopes: dict[int, object] = {}
     for i in range(SPANS_PER_REQUEST):
@@ -68,14 +71,18 @@ def request_template(spans: list) -> tuple[bytes, list[bytes]]:
         span.CopyFrom(template)
         span.trace_id = placeholders[i % TRACES_PER_REQUEST]
         span.span_id = i.to_bytes(8, "big")
+        span.start_time_unix_nano, span.end_time_unix_nano = start, end  # fixed64: 8 bytes, little-endian
         del span.links[:]
     return request.SerializeToString(), placeholders
 
 
 def fresh_copy(template: bytes, placeholders: list[bytes]) -> bytes:
-    for placeholder in placeholders:
+    *trace_ids, start, end = placeholders
+    for placeholder in trace_ids:
         template = template.replace(placeholder, os.urandom(16))
-    return template
+    now = time.time_ns()
+    template = template.replace(start, now.to_bytes(8, "little"))
+    return template.replace(end, (now + 10_000_000).to_bytes(8, "little"))
 
 
 def decode_rate(body: bytes, seconds: float = 2.0) -> tuple[float, float]:

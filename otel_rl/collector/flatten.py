@@ -359,9 +359,16 @@ def traces_to_tables(req: ExportTraceServiceRequest, received_at: datetime) -> d
 def _table(schema: pa.Schema, rows: list[tuple], received_at: datetime) -> pa.Table:
     """Columns from row tuples (every field of `schema` but the trailing received_at), then received_at."""
     columns = zip(*rows, strict=True) if rows else [()] * (len(schema) - 1)
-    arrays = [pa.array(col, type=field.type) for col, field in zip(columns, schema, strict=False)]
+    arrays = [_array(col, field.type) for col, field in zip(columns, schema, strict=False)]
     arrays.append(pa.repeat(pa.scalar(received_at, type=schema.field("received_at").type), len(rows)))
     return pa.Table.from_arrays(arrays, schema=schema)
+
+
+def _array(values: Iterable, type_: pa.DataType) -> pa.Array:
+    if type_ != JSON:
+        return pa.array(values, type=type_)
+    # orjson's bytes are valid UTF-8: viewed as strings as they are, 4x faster than pyarrow's JSON conversion.
+    return pa.ExtensionArray.from_storage(JSON, pa.array(values, type=pa.binary()).view(pa.string()))
 
 
 # ---------------------------------------------------------------- call_tokens
