@@ -42,9 +42,9 @@ class DemoPlan:
     concurrency: int  # harness processes at a time
 
 
-# Measured (docs/training.md, "What to expect"): 2,000 expert transcripts and 800 SFT steps give ≈38% greedy
+# Measured (docs/training.md, "What to expect"): 2,000 expert transcripts and 800 SFT steps give ≈37% greedy
 # held-out success (digit copying appears only after ~500 steps); 20 GRPO steps of 8 groups × 8 rollouts at
-# lr 2e-4 then gave 77% greedy, 66% sampled; about 8.5 minutes in all on 2 cores.
+# lr 2e-4 then gave 68-72% greedy, 60-68% sampled; 8.5-9.5 minutes in all on 2 cores.
 FULL = DemoPlan(
     expert_rollouts=2000,
     sft_steps=800,
@@ -176,9 +176,9 @@ def sft_settings(plan: DemoPlan, url: str, token: str, model: Path, workdir: Pat
             "output_dir": str(workdir / "sft"),
             "steps": plan.sft_steps,
             "save_every": plan.sft_steps,
-            # one thread: vLLM, the server and the harnesses share the cores; two oversubscribed threads were
-            # 10x slower than one here
-            "torch_threads": 1,
+            # SFT has the cores to itself (vLLM idles meanwhile): two threads took 170 ms a step, one 280 ms;
+            # more threads than cores were 10x slower
+            "torch_threads": min(2, os.cpu_count() or 1),
             "optim": {"lr": plan.sft_lr, "warmup_steps": min(20, plan.sft_steps // 10), "schedule": "cosine"},
             "offline": {"where": "service_name = 'expert_agent'"},
         }
