@@ -2,8 +2,9 @@
 
 In one process the loop's threads (the event loop running harness processes, store polling, exporters, the
 progress bar) and the trainer's many short torch operations share one GIL, and each operation waits up to
-the interpreter's switch interval to get it back: a 0.4 s update of the tiny model took 3-7 s while
-rollouts ran, and 12 s beside one busy Python thread.
+the interpreter's switch interval to get it back: a 0.4 s update of the tiny model took 12 s beside one busy
+Python thread. In the demo the update's median went from 3.9 s to 3.1-3.8 s; the rest of it is the two
+cores being shared with vLLM and the harnesses.
 """
 
 from __future__ import annotations
