@@ -1,8 +1,10 @@
 """The local rollout controller: statuses, the environment contract, process-group kills and retries."""
 
 import asyncio
+import contextlib
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -14,7 +16,7 @@ from opentelemetry.trace import SpanContext, TraceFlags
 from otel_rl import attributes as attr
 from otel_rl.controller import Controller, ControllerSettings, Rollout, RolloutStatus, new_id
 from otel_rl.controller.environment import CONTRACT_VARS, harness_argv, harness_environment
-from otel_rl.controller.forkserver import python_target
+from otel_rl.controller.forkserver import ForkServer, python_target
 from otel_rl.controller.local import classify
 from otel_rl.train.online import ServerClient
 
@@ -258,6 +260,41 @@ def test_preloading_openai_builds_the_response_models_a_harness_parses_before_it
     )
     done = subprocess.run([sys.executable, "-c", check], capture_output=True, text=True, check=True)
     assert done.stdout.split() == ["[False,", "False,", "False]", "[True,", "True,", "True]"]
+
+
+def test_an_attempt_cancelled_while_its_child_is_forked_leaves_no_process_and_the_server_goes_on(tmp_path):
+    """A step ending or Ctrl-C cancels attempts at any moment, also between the fork request and the fork
+    server's answer: that child is killed when the answer comes, and the server keeps serving."""
+    survived = tmp_path / "survived"
+    slow = tmp_path / "slow.py"
+    slow.write_text(f"import pathlib, time\ntime.sleep(1)\npathlib.Path({str(survived)!r}).write_text('')\n")
+    quick = tmp_path / "quick.py"
+    quick.write_text("")
+
+    async def scene() -> int:
+        server = ForkServer(sys.executable, [], dict(os.environ), tmp_path / "forkserver.log")
+        try:
+            await (await server.spawn([sys.executable, str(quick)], {}, tmp_path / "0.log", 0)).wait()
+            cancelled_in_flight = 0
+            for i in range(5):
+                spawn = server.spawn([sys.executable, str(slow)], {}, tmp_path / f"{i}.log", 0)
+                attempt = asyncio.create_task(spawn)
+                for _ in range(i):  # cancel at a different point each time: before, during, after the fork
+                    await asyncio.sleep(0)
+                attempt.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    forked = await attempt
+                    os.killpg(forked.pid, signal.SIGKILL)  # answered before the cancel: the controller's kill
+                cancelled_in_flight += attempt.cancelled()
+            assert cancelled_in_flight
+            last = await server.spawn([sys.executable, str(quick)], {}, tmp_path / "last.log", 0)
+            return await last.wait()
+        finally:
+            await server.stop()
+
+    assert asyncio.run(asyncio.wait_for(scene(), 30)) == 0
+    time.sleep(1.5)
+    assert not survived.exists()
 
 
 def test_a_forked_harness_failing_before_it_runs_is_an_infra_error(otel_rl_server, tmp_path):

@@ -16,6 +16,7 @@ The controller runs it as `python -c "<SERVE>" MODULE...` with the harness's own
 
 import asyncio
 import atexit
+import contextlib
 import json
 import os
 import runpy
@@ -184,6 +185,13 @@ def spawn(request: dict[str, Any], selector: selectors.BaseSelector) -> None:
     send({"id": request["id"], "pid": pid})
 
 
+def _kill(pid: int) -> None:
+    """Kill a forked child and its process group (which it may not have made yet)."""
+    for kill in (os.killpg, os.kill):
+        with contextlib.suppress(ProcessLookupError):
+            kill(pid, signal.SIGKILL)
+
+
 def send(message: dict[str, Any]) -> None:
     sys.stdout.write(json.dumps(message) + "\n")
     sys.stdout.flush()
@@ -269,14 +277,23 @@ class ForkServer:
             message = json.loads(line)
             if "exit" in message:
                 self._running.pop(message["pid"])._exit(message["exit"])
-            elif "error" in message:
-                self._spawning.pop(message["id"]).set_exception(RuntimeError(message["error"]))
+                continue
+            spawned = self._spawning.pop(message["id"])
+            if "error" in message:
+                if not spawned.cancelled():
+                    spawned.set_exception(RuntimeError(message["error"]))
+                continue
+            forked = self._running[message["pid"]] = Forked(message["pid"])
+            if spawned.cancelled():
+                # Its attempt was cancelled while the child was forked: nothing else knows it, so end it here
+                # (its exit message still comes, above).
+                _kill(forked.pid)
             else:
-                forked = self._running[message["pid"]] = Forked(message["pid"])
-                self._spawning.pop(message["id"]).set_result(forked)
+                spawned.set_result(forked)
         lost = RuntimeError(f"the fork server exited; see {self._log_path}")
         for spawned in self._spawning.values():
-            spawned.set_exception(lost)
+            if not spawned.cancelled():
+                spawned.set_exception(lost)
         for forked in self._running.values():
             forked._lost(lost)
         self._spawning.clear()
