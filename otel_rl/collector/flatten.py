@@ -367,7 +367,7 @@ def _table(schema: pa.Schema, rows: list[tuple], received_at: datetime) -> pa.Ta
 def _array(values: Iterable, type_: pa.DataType) -> pa.Array:
     if type_ != JSON:
         return pa.array(values, type=type_)
-    # orjson's bytes are valid UTF-8: viewed as strings as they are, 4x faster than pyarrow's JSON conversion.
+    # orjson's bytes are valid UTF-8: viewed as strings as they are, 2x faster than pyarrow's JSON conversion.
     return pa.ExtensionArray.from_storage(JSON, pa.array(values, type=pa.binary()).view(pa.string()))
 
 
