@@ -1,10 +1,12 @@
 """The harness SDK end to end: real agents (official openai client, Traceloop instrumentation, OTLP exporters)
 against the fake vLLM server, exporting to a real `otel-rl serve`, checked in SQL."""
 
+import hashlib
 import json
 import os
 import subprocess
 import sys
+import tempfile
 import textwrap
 import uuid
 from pathlib import Path
@@ -16,6 +18,7 @@ from opentelemetry.sdk.trace import TracerProvider
 
 from otel_rl import attributes as attr
 from otel_rl.controller.environment import harness_environment
+from otel_rl.gateway.vllm import cache_root
 from otel_rl.sdk.rollout import resolve_identity, reward
 from otel_rl.sdk.setup import exporter_headers
 
@@ -24,6 +27,41 @@ CALC_AGENT = ROOT / "examples" / "calc_agent.py"
 PLAIN_AGENT = ROOT / "tests" / "harnesses" / "plain_openai_agent.py"
 TASK = {"id": "add-37-48-p0", "split": "train", "question": "What is 37 + 48?", "a": 37, "op": "+", "b": 48,
         "answer": 85}  # fmt: skip
+
+
+# The OpenAI instrumentations besides Traceloop (which comes with otel-rl), at the versions the fixtures were
+# captured with. All of them register the same entry point (`openai`), so installed together they would all
+# be on under opentelemetry-instrument: the tests install each on its own and put it on a harness's path.
+# Each: its requirements, and the instrumentation scope of the spans it makes.
+OTHER_INSTRUMENTATIONS = {
+    "openinference": (
+        [
+            "openinference-instrumentation-openai==0.1.66",
+            "openinference-instrumentation==0.1.72",
+            "openinference-semantic-conventions==0.1.42",
+        ],
+        "openinference.instrumentation.openai",
+    ),
+    "openai-v2": (
+        # util-genai 1.2 moved a module that openai-v2 2.4b0 imports
+        ["opentelemetry-instrumentation-openai-v2==2.4b0", "opentelemetry-util-genai==1.1b0"],
+        "opentelemetry.util.genai.handler",
+    ),
+}
+
+
+def installed_on_its_own(requirements: list[str]) -> Path:
+    """A folder holding just these packages (their dependencies come from this environment), made once and
+    cached beside the vLLM environment."""
+    digest = hashlib.sha256("\n".join(requirements).encode()).hexdigest()[:12]
+    target = cache_root() / f"instrumentation-{digest}"
+    if not target.exists():
+        target.parent.mkdir(parents=True, exist_ok=True)
+        staging = Path(tempfile.mkdtemp(dir=target.parent, prefix=".staging-"))
+        pip = [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--target", str(staging)]
+        subprocess.run([*pip, *requirements], check=True, timeout=600)
+        staging.rename(target)
+    return target
 
 
 # The start of every inline harness script below: `ask(text)` makes one chat call.
@@ -113,6 +151,31 @@ def test_calc_agent_run_shows_its_rollout_calls_and_reward_in_sql(otel_rl_server
     chats = [r for r in fake_vllm.requests if r.path == "/v1/chat/completions"]
     assert {r.headers["traceparent"].split("-")[1] for r in chats} == {calls[0]["trace_id"]}
     assert all(f"{attr.ROLLOUT_ID}={rollout_id}" in r.headers["baggage"] for r in chats)
+
+
+@pytest.mark.parametrize("library", sorted(OTHER_INSTRUMENTATIONS))
+def test_an_instrumentation_the_user_installed_records_each_call_once_instead_of_traceloop(
+    otel_rl_server, fake_vllm, tmp_path, library
+):
+    fake_vllm.script(CalcReplies())
+    requirements, scope = OTHER_INSTRUMENTATIONS[library]
+    env = sdk_env(otel_rl_server, fake_vllm, PYTHONPATH=str(installed_on_its_own(requirements)))
+    result = json.loads(
+        run_ok([sys.executable, str(CALC_AGENT), "--task-json", json.dumps(TASK)], env, tmp_path)
+    )
+    assert result["reward"] == 1.0
+
+    calls = rows(
+        otel_rl_server,
+        "SELECT c.input_messages, c.output_messages, s.scope_name FROM llm_calls c JOIN spans s USING "
+        f"(trace_id, span_id) WHERE c.rollout_id = '{result['rollout_id']}' ORDER BY c.start_time_unix_nano",
+    )
+    assert [c["scope_name"] for c in calls] == [scope, scope]  # Traceloop stayed off: one span a call
+    first_output, second_output = (json.loads(c["output_messages"]) for c in calls)
+    assert '"expression": "37+48"' in first_output[0]["content"]
+    assert second_output[0]["content"] == "The answer is 85."
+    tool_result = json.loads(calls[1]["input_messages"])[-1]
+    assert (tool_result["role"], tool_result["content"]) == ("tool", "85")
 
 
 def test_agent_started_by_the_controller_joins_its_trace_and_identity(otel_rl_server, fake_vllm, tmp_path):

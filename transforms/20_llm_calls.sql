@@ -64,7 +64,12 @@ FROM (
       AND list_has_any(
           json_extract_string(attributes, ['$."gen_ai.operation.name"', '$."openinference.span.kind"']),
           ['chat', 'text_completion', 'generate_content', 'LLM'])
-);
+)
+-- OpenInference marks every request of the openai client LLM, `client.models.list()` too: those name no
+-- model, and are not calls.
+WHERE a."openinference.span.kind" IS DISTINCT FROM 'LLM'
+   OR a."llm.model_name" IS NOT NULL
+   OR json_extract_string(a."llm.invocation_parameters", '$.model') IS NOT NULL;
 
 -- Log records that carry a call's content: the legacy per-message events (official v2 legacy path,
 -- Traceloop with use_attributes=False) and the latest semconv operation-details record (util-genai

@@ -11,6 +11,7 @@ from pathlib import Path
 
 from opentelemetry import context, trace
 from opentelemetry._logs import get_logger_provider, set_logger_provider
+from opentelemetry.instrumentation.instrumentor import BaseInstrumentor
 from opentelemetry.propagate import extract
 from opentelemetry.sdk._logs import LoggerProvider
 from opentelemetry.sdk._logs.export import BatchLogRecordProcessor, LogRecordExporter
@@ -25,12 +26,13 @@ log = logging.getLogger(__name__)
 
 TOKEN_FILE = Path(".otel_rl") / "token"  # written by `otel-rl serve` when it makes its own token
 
-# The OpenAI instrumentations otel-rl knows how to read, by module: Traceloop/OpenLLMetry,
-# the official OpenTelemetry one, Arize OpenInference. Each one installed is turned on.
+# The OpenAI instrumentations otel-rl reads, by module, in the order instrument() prefers them: Arize
+# OpenInference, the official OpenTelemetry one, Traceloop/OpenLLMetry. It turns on one, as two would record
+# every call twice; Traceloop comes with otel-rl, so one that the user installed wins over it.
 OPENAI_INSTRUMENTATIONS = (
-    "opentelemetry.instrumentation.openai",
-    "opentelemetry.instrumentation.openai_v2",
     "openinference.instrumentation.openai",
+    "opentelemetry.instrumentation.openai_v2",
+    "opentelemetry.instrumentation.openai",
 )
 
 
@@ -40,7 +42,7 @@ class Telemetry:
 
     tracer_provider: TracerProvider
     logger_provider: LoggerProvider
-    instrumentations: tuple[str, ...]  # the OpenAI instrumentation modules turned on
+    instrumentations: tuple[str, ...]  # the OpenAI instrumentation module that records the calls
 
     def force_flush(self, timeout_millis: int = 30_000) -> bool:
         spans = self.tracer_provider.force_flush(timeout_millis)
@@ -151,24 +153,33 @@ def join_environment_trace() -> None:
         context.attach(extract(carrier))
 
 
-def instrument_openai() -> tuple[str, ...]:
-    """Turn on every installed OpenAI instrumentation, with message content captured."""
-    enabled = []
+def installed_openai_instrumentors() -> list[tuple[str, BaseInstrumentor]]:
+    """(module, instrumentor) of every OpenAI instrumentation that imports here, in order of preference."""
+    installed = []
     for module_name in OPENAI_INSTRUMENTATIONS:
-        try:
-            instrumentor = import_module(module_name).OpenAIInstrumentor()
-        except ImportError:
-            continue
+        # openai-v2 2.4b0 fails to import with opentelemetry-util-genai >= 1.2 (a module it uses moved)
+        with contextlib.suppress(ImportError):
+            installed.append((module_name, import_module(module_name).OpenAIInstrumentor()))
+    return installed
+
+
+def instrument_openai() -> tuple[str, ...]:
+    """Turn on the preferred OpenAI instrumentation that works here, with message content captured; none
+    when one is on already (`opentelemetry-instrument` turns on every one installed)."""
+    installed = installed_openai_instrumentors()
+    already_on = tuple(name for name, tool in installed if tool.is_instrumented_by_opentelemetry)
+    if already_on:
+        return already_on
+    for module_name, instrumentor in installed:
         if module_name.endswith("openai_v2"):
             os.environ.setdefault("OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT", v2_content_setting())
         try:
-            if not instrumentor.is_instrumented_by_opentelemetry:
-                instrumentor.instrument()
+            instrumentor.instrument()
         except ImportError as exc:  # openai-v2 2.4b0 imports `httpx`, which openai>=3 no longer installs
             log.warning("otel-rl: %s is installed but does not work here (%s); skipped", module_name, exc)
             continue
-        enabled.append(module_name)
-    return tuple(enabled)
+        return (module_name,)
+    return ()
 
 
 def warm_up() -> None:
@@ -180,9 +191,8 @@ def warm_up() -> None:
     for module_name in ("httpx", "httpx2"):  # what propagate_over_http() patches
         with contextlib.suppress(ImportError):
             import_module(module_name)
-    for module_name in OPENAI_INSTRUMENTATIONS:
+    for _, instrumentor in installed_openai_instrumentors():
         try:
-            instrumentor = import_module(module_name).OpenAIInstrumentor()
             instrumentor.instrument()
         except ImportError:
             continue
