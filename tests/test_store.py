@@ -7,9 +7,11 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 
 import duckdb
+import numpy as np
 import pyarrow as pa
 import pytest
 from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsServiceRequest
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from test_collector_http import spans_request
 
 from otel_rl.auth import Auth, Unauthorized, admin_token
@@ -34,11 +36,12 @@ def held_writer(tmp_path):
     con.execute("CREATE TABLE t (x INTEGER NOT NULL)")
     entered, release = threading.Event(), threading.Event()
 
-    def insert(cursor: duckdb.DuckDBPyConnection, table: str, batch: pa.Table) -> None:
+    def insert(cursor: duckdb.DuckDBPyConnection, tables: dict[str, pa.Table]) -> None:
         entered.set()
         release.wait(10)
-        cursor.register("batch", batch)
-        cursor.execute(f"INSERT INTO {table} SELECT * FROM batch")
+        for table, batch in tables.items():
+            cursor.register("batch", batch)
+            cursor.execute(f"INSERT INTO {table} SELECT * FROM batch")
 
     writer = GroupCommitWriter(con.cursor(), insert, max_pending_bytes=1000)
     yield writer, con, entered, release
@@ -120,6 +123,32 @@ def test_logs_sent_twice_are_stored_once_and_numbered_in_arrival_order(tmp_path)
 
     assert [row["body"] for row in stored] == ['"record 0"', '"record 1"', '"record 2"', '"record 3"']
     assert [row["seq"] for row in stored] == sorted({row["seq"] for row in stored})
+
+
+def test_a_call_sent_again_stores_its_tokens_once_and_a_new_call_beside_it_stores_its_own(tmp_path) -> None:
+    def request(*span_ids: int) -> ExportTraceServiceRequest:
+        out = ExportTraceServiceRequest()
+        spans = out.resource_spans.add().scope_spans.add().spans
+        for span_id in span_ids:
+            span = spans.add(trace_id=b"\x01" * 16, span_id=span_id.to_bytes(8, "big"), name="chat m")
+            span.start_time_unix_nano = span_id
+            packed = span.attributes.add(key="otel_rl.prompt_token_ids")
+            packed.value.bytes_value = np.arange(span_id, dtype="<i4").tobytes()
+        return out
+
+    with Store(tmp_path / "tokens.duckdb") as store:
+        store.ingest_traces(request(3))
+        store.ingest_traces(request(3))
+    with Store(tmp_path / "tokens.duckdb") as reopened:
+        reopened.ingest_traces(request(3, 5))
+        stored = reopened.query_arrow(
+            "SELECT span_id, prompt_token_ids FROM call_tokens ORDER BY span_id"
+        ).to_pylist()
+
+    assert [(row["span_id"], len(row["prompt_token_ids"])) for row in stored] == [
+        ("0000000000000003", 3),
+        ("0000000000000005", 5),
+    ]
 
 
 @pytest.mark.parametrize(

@@ -42,14 +42,15 @@ class _Pending:
 class GroupCommitWriter:
     """Takes every batch pending, inserts one Arrow table per raw table, commits once, then resolves all.
 
-    `insert(con, table_name, arrow_table)` does the insert (with its dedup); the writer owns transactions.
+    `insert(con, {table_name: arrow_table})` does the inserts (with their dedup); the writer owns
+    transactions.
     DuckDB writes and syncs its WAL on COMMIT, so a resolved future means the rows are on disk.
     """
 
     def __init__(
         self,
         con: duckdb.DuckDBPyConnection,
-        insert: Callable[[duckdb.DuckDBPyConnection, str, pa.Table], None],
+        insert: Callable[[duckdb.DuckDBPyConnection, dict[str, pa.Table]], None],
         *,
         max_pending_bytes: int,
     ) -> None:
@@ -118,18 +119,18 @@ class GroupCommitWriter:
             item.done.set_result(None)
 
     def _write(self, batches: list[Batch]) -> None:
-        tables: dict[str, list[pa.Table]] = {}
+        parts: dict[str, list[pa.Table]] = {}
         for batch in batches:
             for name, table in batch.items():
                 if table.num_rows:
-                    tables.setdefault(name, []).append(table)
-        if not tables:
+                    parts.setdefault(name, []).append(table)
+        if not parts:
             return
+        tables = {name: pa.concat_tables(tables, promote_options="default") for name, tables in parts.items()}
         con = self._con
         con.execute("BEGIN TRANSACTION")
         try:
-            for name, parts in tables.items():
-                self._insert(con, name, pa.concat_tables(parts, promote_options="default"))
+            self._insert(con, tables)
             con.execute("COMMIT")
             self.commits += 1
         except Exception:
