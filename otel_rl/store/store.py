@@ -186,13 +186,16 @@ def insert_batch(con: duckdb.DuckDBPyConnection, tables: dict[str, pa.Table]) ->
         if name == "call_tokens":
             keys = zip(rows.column("trace_id").to_pylist(), rows.column("span_id").to_pylist(), strict=True)
             rows = rows.filter(pa.array([key in new_spans for key in keys], pa.bool_()))
-        inserted = _insert_new(con, name, rows)
-        if name == "spans":
-            new_spans = set(inserted)
+        # the inserted keys only when tokens follow (returning them costs every OTLP request a little)
+        inserted = _insert_new(con, name, rows, returning=name == "spans" and "call_tokens" in tables)
+        new_spans = set(inserted) if name == "spans" else new_spans
 
 
-def _insert_new(con: duckdb.DuckDBPyConnection, table: str, rows: pa.Table) -> list[tuple]:
-    """Insert the rows whose key is not stored yet (call_tokens: all of them); returns the keys inserted."""
+def _insert_new(
+    con: duckdb.DuckDBPyConnection, table: str, rows: pa.Table, *, returning: bool
+) -> list[tuple]:
+    """Insert the rows whose key is not stored yet (call_tokens: all of them); returns the keys inserted
+    when `returning`."""
     key = DEDUP_KEYS[table]
     where = ""
     if table != "call_tokens":
@@ -205,11 +208,10 @@ def _insert_new(con: duckdb.DuckDBPyConnection, table: str, rows: pa.Table) -> l
         where = f" WHERE NOT EXISTS (SELECT 1 FROM {table} AS stored WHERE {on})"
     # After a failure the name stays registered; the next register replaces it.
     con.register("incoming", rows)
-    inserted = con.execute(
-        f"INSERT INTO {table} BY NAME SELECT * FROM incoming{where} RETURNING {', '.join(key)}"
-    ).fetchall()
+    returned = f" RETURNING {', '.join(key)}" if returning else ""
+    result = con.execute(f"INSERT INTO {table} BY NAME SELECT * FROM incoming{where}{returned}").fetchall()
     con.unregister("incoming")
-    return inserted
+    return result if returning else []
 
 
 def first_of_each_key(rows: pa.Table, key: tuple[str, ...]) -> pa.Table:
