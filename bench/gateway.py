@@ -4,7 +4,9 @@ Part 1 (throughput and latency): a minimal raw-asyncio HTTP/1.1 server answers e
 ~11 KB vLLM response (token ids and logprobs of 100 tokens). A load generator in its own process (raw asyncio,
 keep-alive connections, closed loop) calls it directly, then through the gateway of a real `otel-rl serve`
 process that records every call durably in its DuckDB store, at 1 and 32 clients. Aims: at 32 clients at least
-25% of direct throughput; at 1 client at most 1 ms added p50.
+25% of direct throughput; at 1 client at most 1 ms added p50. Beside them, the peer: a bare Python proxy on the
+gateway's HTTP stack (uvicorn, uvloop, httptools, one aiohttp session) that relays the bytes and does nothing
+else, the floor under any Python gateway.
 
 Part 2 (reload): the real tiny vLLM server's bare reload (pause, reload_weights or load_lora_adapter,
 reset_prefix_cache, resume) against `POST /v1/admin/policy` through the gateway, for a checkpoint and for a
@@ -27,7 +29,9 @@ import tempfile
 import time
 from pathlib import Path
 
+import aiohttp
 import httpx
+import uvicorn
 from rich.console import Console
 from rich.table import Table
 
@@ -113,6 +117,40 @@ def _content_length(head: bytes) -> int:
     if index < 0:
         return 0
     return int(head[index + 15 : head.index(b"\r\n", index)])
+
+
+# ------------------------------------------------------------------ the peer: a bare Python proxy
+
+
+def bare_proxy_app(upstream: str):  # noqa: ANN201 - an ASGI callable
+    """Relays each call to `upstream` with aiohttp and does nothing else (no parsing, no recording): what
+    uvicorn and an HTTP client alone cost a Python proxy, the floor under the gateway's throughput."""
+    session: aiohttp.ClientSession | None = None
+
+    async def app(scope: dict, receive, send) -> None:  # noqa: ANN001
+        nonlocal session
+        body, more = b"", True
+        while more:
+            message = await receive()
+            body, more = body + message.get("body", b""), message.get("more_body", False)
+        if session is None:
+            session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0))
+        headers = {"content-type": "application/json"}
+        async with session.post(upstream + scope["path"], data=body, headers=headers) as response:
+            content = await response.read()
+        headers = [(b"content-type", b"application/json"), (b"content-length", str(len(content)).encode())]
+        await send({"type": "http.response.start", "status": response.status, "headers": headers})
+        await send({"type": "http.response.body", "body": content})
+
+    return app
+
+
+def run_bare_proxy(port: int, upstream: str) -> None:
+    # the gateway's HTTP stack: uvicorn with uvloop and httptools
+    uvicorn.run(
+        bare_proxy_app(upstream), host="127.0.0.1", port=port, log_level="warning", access_log=False,
+        lifespan="off", loop="uvloop", http="httptools",
+    )  # fmt: skip
 
 
 # ------------------------------------------------------------------ the load generator
@@ -238,34 +276,49 @@ def bench_proxy(seconds: float) -> bool:
     fake = multiprocessing.Process(target=run_fake, args=(fake_port,), daemon=True)
     fake.start()
     wait_until(f"http://127.0.0.1:{fake_port}/health")
+    peer_port = free_port()
+    peer = multiprocessing.Process(
+        target=run_bare_proxy, args=(peer_port, f"http://127.0.0.1:{fake_port}"), daemon=True
+    )
+    peer.start()
     results = {}
     with tempfile.TemporaryDirectory(prefix="otel-rl-bench-") as tmp:
         server, port = start_server(Path(tmp), [f"http://127.0.0.1:{fake_port}"])
         try:
             auth = {"authorization": f"Bearer {TOKEN}"}
+            measure(peer_port, {}, 4, 1.0)
             calls = measure(port, auth, 4, 1.0)[3]  # warm-up: connections, code paths
             for clients in (1, 32):
                 results[("direct", clients)] = measure(fake_port, {}, clients, seconds) + (None,)
-                cpu = cpu_seconds(server.pid)
-                run = measure(port, auth, clients, seconds)
-                time.sleep(0.3)  # the exporter's last batch
-                results[("gateway", clients)] = run + ((cpu_seconds(server.pid) - cpu) / run[3],)
-                calls += run[3]
+                for path, proxy_port, pid in (
+                    ("bare proxy", peer_port, peer.pid),
+                    ("gateway", port, server.pid),
+                ):
+                    cpu = cpu_seconds(pid)
+                    run = measure(proxy_port, auth, clients, seconds)
+                    time.sleep(0.3)  # the exporter's last batch
+                    results[(path, clients)] = run + ((cpu_seconds(pid) - cpu) / run[3],)
+                calls += results[("gateway", clients)][3]
             recorded = count_spans(port, calls)
         finally:
             stop(server)
+    peer.terminate()
     fake.terminate()
 
     table = Table(
         title=f"Gateway vs direct: {seconds:g} s per run, {len(canned_chat_response()):,}-byte responses"
     )
-    for column in ("clients", "path", "requests/s", "p50 ms", "p99 ms", "gateway CPU/call", "vs direct"):
+    for column in ("clients", "path", "requests/s", "p50 ms", "p99 ms", "proxy CPU/call", "vs direct"):
         table.add_column(column, justify="right")
     ok = True
     for clients in (1, 32):
         d_rps, d_p50, d_p99, _, _ = results[("direct", clients)]
         g_rps, g_p50, g_p99, _, g_cpu = results[("gateway", clients)]
+        p_rps, p_p50, p_p99, _, p_cpu = results[("bare proxy", clients)]
         table.add_row(str(clients), "direct", f"{d_rps:,.0f}", f"{d_p50:.3f}", f"{d_p99:.3f}", "", "")
+        peer = f"+{p_p50 - d_p50:.3f} ms p50" if clients == 1 else f"{p_rps / d_rps:.1%} of req/s"
+        row = (f"{p_rps:,.0f}", f"{p_p50:.3f}", f"{p_p99:.3f}", f"{p_cpu * 1e6:,.0f} µs", peer)
+        table.add_row(str(clients), "bare proxy", *row)
         if clients == 1:
             added = g_p50 - d_p50
             verdict = f"+{added:.3f} ms p50 (aim ≤ 1 ms)"
