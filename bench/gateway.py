@@ -4,9 +4,9 @@ Part 1 (throughput and latency): a minimal raw-asyncio HTTP/1.1 server answers e
 ~11 KB vLLM response (token ids and logprobs of 100 tokens). A load generator in its own process (raw asyncio,
 keep-alive connections, closed loop) calls it directly, then through the gateway of a real `otel-rl serve`
 process that records every call durably in its DuckDB store, at 1 and 32 clients. Aims: at 32 clients at least
-25% of direct throughput; at 1 client at most 1 ms added p50. Beside them, the peer: a bare Python proxy on the
-gateway's HTTP stack (uvicorn, uvloop, httptools, one aiohttp session) that relays the bytes and does nothing
-else, the floor under any Python gateway.
+25% of direct throughput; at 1 client at most 1 ms added p50. Beside them, the peer: a bare Python proxy on
+the gateway's HTTP stack (uvicorn, uvloop, httptools, one aiohttp session) that relays the bytes and does
+nothing else, the floor under any Python gateway.
 
 Part 2 (reload): the real tiny vLLM server's bare reload (pause, reload_weights or load_lora_adapter,
 reset_prefix_cache, resume) against `POST /v1/admin/policy` through the gateway, for a checkpoint and for a
