@@ -188,7 +188,8 @@ def insert_batch(con: duckdb.DuckDBPyConnection, tables: dict[str, pa.Table]) ->
             rows = rows.filter(pa.array([key in new_spans for key in keys], pa.bool_()))
         # the inserted keys only when tokens follow (returning them costs every OTLP request a little)
         inserted = _insert_new(con, name, rows, returning=name == "spans" and "call_tokens" in tables)
-        new_spans = set(inserted) if name == "spans" else new_spans
+        if name == "spans":
+            new_spans = set(inserted)
 
 
 def _insert_new(

@@ -126,7 +126,7 @@ class GroupCommitWriter:
                     parts.setdefault(name, []).append(table)
         if not parts:
             return
-        tables = {name: pa.concat_tables(tables, promote_options="default") for name, tables in parts.items()}
+        tables = {name: pa.concat_tables(pieces, promote_options="default") for name, pieces in parts.items()}
         con = self._con
         con.execute("BEGIN TRANSACTION")
         try:
