@@ -1,5 +1,6 @@
-"""The harness SDK end to end: real agents (official openai client, Traceloop instrumentation, OTLP exporters)
-against the fake vLLM server, exporting to a real `otel-rl serve`, checked in SQL."""
+"""The harness SDK end to end: real agents (official openai client, a real OpenAI instrumentation — Traceloop,
+OpenInference or official openai-v2 — and OTLP exporters) against the fake vLLM server, exporting to a real
+`otel-rl serve`, checked in SQL."""
 
 import hashlib
 import json
