@@ -42,7 +42,8 @@ class Telemetry:
 
     tracer_provider: TracerProvider
     logger_provider: LoggerProvider
-    instrumentations: tuple[str, ...]  # the OpenAI instrumentation module that records the calls
+    # the OpenAI instrumentation modules recording calls: one, unless opentelemetry-instrument turned on more
+    instrumentations: tuple[str, ...]
 
     def force_flush(self, timeout_millis: int = 30_000) -> bool:
         spans = self.tracer_provider.force_flush(timeout_millis)
@@ -191,12 +192,13 @@ def warm_up() -> None:
     for module_name in ("httpx", "httpx2"):  # what propagate_over_http() patches
         with contextlib.suppress(ImportError):
             import_module(module_name)
-    for _, instrumentor in installed_openai_instrumentors():
+    for _, instrumentor in installed_openai_instrumentors():  # the one instrument_openai() would turn on
         try:
             instrumentor.instrument()
         except ImportError:
             continue
         instrumentor.uninstrument()
+        break
 
 
 def v2_content_setting() -> str:
