@@ -36,7 +36,7 @@ def held_writer(tmp_path):
     con.execute("CREATE TABLE t (x INTEGER NOT NULL)")
     entered, release = threading.Event(), threading.Event()
 
-    def insert(cursor: duckdb.DuckDBPyConnection, tables: dict[str, pa.Table]) -> None:
+    def insert(cursor: duckdb.DuckDBPyConnection, tables: dict[str, pa.Table], *, dedup: bool) -> None:
         entered.set()
         release.wait(10)
         for table, batch in tables.items():

@@ -27,7 +27,7 @@ from opentelemetry.trace import INVALID_SPAN_CONTEXT, SpanContext, SpanKind, Sta
 from otel_rl.attributes import GATEWAY_SCOPE
 from otel_rl.collector.flatten import SPANS_SCHEMA, PackedTokens, call_tokens_table, is_content_attribute
 from otel_rl.gateway.recording import CallRecord, call_attributes, span_name, token_arrays
-from otel_rl.store.writer import Batch, Saturated
+from otel_rl.store.writer import Saturated
 
 log = logging.getLogger(__name__)
 
@@ -42,7 +42,7 @@ class CallSpanWriter:
 
     def __init__(
         self,
-        submit: Callable[[Batch], Future],
+        submit: Callable[..., Future],  # Store.submit
         resource: Resource,
         *,
         flush_ms: int,
@@ -165,7 +165,7 @@ class CallSpanWriter:
         try:
             while True:
                 try:
-                    future = self._submit(batch)
+                    future = self._submit(batch, dedup=False)  # fresh span ids: nothing to dedup
                     break
                 except Saturated:  # the store's queue is full: wait, as an in-process producer
                     time.sleep(0.01)

@@ -37,20 +37,21 @@ class _Pending:
     batch: Batch
     nbytes: int
     done: Future
+    dedup: bool
 
 
 class GroupCommitWriter:
     """Takes every batch pending, inserts one Arrow table per raw table, commits once, then resolves all.
 
-    `insert(con, {table_name: arrow_table})` does the inserts (with their dedup); the writer owns
-    transactions.
+    `insert(con, {table_name: arrow_table}, dedup=...)` does the inserts (with their dedup, for batches
+    submitted with it); the writer owns transactions.
     DuckDB writes and syncs its WAL on COMMIT, so a resolved future means the rows are on disk.
     """
 
     def __init__(
         self,
         con: duckdb.DuckDBPyConnection,
-        insert: Callable[[duckdb.DuckDBPyConnection, dict[str, pa.Table]], None],
+        insert: Callable[..., None],
         *,
         max_pending_bytes: int,
     ) -> None:
@@ -66,9 +67,9 @@ class GroupCommitWriter:
         self._thread = threading.Thread(target=self._run, name="otel-rl-store-writer", daemon=True)
         self._thread.start()
 
-    def submit(self, batch: Batch) -> Future:
+    def submit(self, batch: Batch, *, dedup: bool = True) -> Future:
         """Queue a batch; the future resolves (to None) once it is committed, or fails with the error."""
-        nbytes = sum(table.nbytes for table in batch.values())
+        nbytes = sum(table.get_total_buffer_size() for table in batch.values())
         done: Future = Future()
         with self._wake:
             if self._closing:
@@ -78,7 +79,7 @@ class GroupCommitWriter:
                 raise Saturated(
                     f"ingest queue is full ({self._pending_bytes} bytes waiting to be written); retry shortly"
                 )
-            self._pending.append(_Pending(batch, nbytes, done))
+            self._pending.append(_Pending(batch, nbytes, done, dedup))
             self._pending_bytes += nbytes
             self._wake.notify()
         return done
@@ -105,7 +106,7 @@ class GroupCommitWriter:
 
     def _commit_group(self, group: list[_Pending]) -> None:
         try:
-            self._write([item.batch for item in group])
+            self._write(group)
         except Exception as exc:
             if len(group) == 1:
                 log.error("store write failed: %s", exc)
@@ -118,19 +119,25 @@ class GroupCommitWriter:
         for item in group:
             item.done.set_result(None)
 
-    def _write(self, batches: list[Batch]) -> None:
-        parts: dict[str, list[pa.Table]] = {}
-        for batch in batches:
-            for name, table in batch.items():
+    def _write(self, group: list[_Pending]) -> None:
+        parts: dict[tuple[bool, str], list[pa.Table]] = {}
+        for item in group:
+            for name, table in item.batch.items():
                 if table.num_rows:
-                    parts.setdefault(name, []).append(table)
+                    parts.setdefault((item.dedup, name), []).append(table)
         if not parts:
             return
-        tables = {name: pa.concat_tables(pieces, promote_options="default") for name, pieces in parts.items()}
         con = self._con
         con.execute("BEGIN TRANSACTION")
         try:
-            self._insert(con, tables)
+            for dedup in (True, False):
+                tables = {
+                    name: pa.concat_tables(pieces, promote_options="default")
+                    for (with_dedup, name), pieces in parts.items()
+                    if with_dedup == dedup
+                }
+                if tables:
+                    self._insert(con, tables, dedup=dedup)
             con.execute("COMMIT")
             self.commits += 1
         except Exception:
