@@ -74,7 +74,11 @@ def create_app(settings: ServeSettings):  # noqa: ANN201 - FastAPI, imported laz
                 grpc_server.stop(grace=5).wait()
             store.close()
 
-    app = FastAPI(title="otel-rl", lifespan=lifespan)
+    # FastAPI's own OpenTelemetry off: the server is where telemetry ends up, and tracing its own requests
+    # would send every export's spans back to itself (and asked for the providers on every request: ~2% of
+    # a gateway call's CPU).
+    no_telemetry = {"tracing": False, "metrics": False, "logs": False}
+    app = FastAPI(title="otel-rl", lifespan=lifespan, telemetry=no_telemetry)
     app.state.settings = settings
     app.state.store = store
     app.state.auth = auth

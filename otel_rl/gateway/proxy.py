@@ -191,7 +191,7 @@ class Gateway:
         response = orjson.loads(content)
         parse = parse_chat_response if record.operation == "chat" else parse_completion_response
         record.output = parse(response)
-        if ABORTED in content:
+        if any(choice.finish_reason == "abort" for choice in record.output.choices):
             error = CallError(
                 503, "the call was aborted for a weight reload; retry it", "ServiceUnavailableError", 1
             )
