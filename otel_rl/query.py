@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Sequence
 from enum import StrEnum
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
@@ -21,6 +22,11 @@ if TYPE_CHECKING:
 DEFAULT_DB = Path(".otel_rl") / "otel_rl.duckdb"
 DEFAULT_SERVER = "http://127.0.0.1:4318"
 TOKEN_FILE = Path(".otel_rl") / "token"
+
+
+def sql_list(values: Sequence[str]) -> str:
+    """A SQL list literal of strings, `('a', 'b')` (ids are hex, but quote safely anyway)."""
+    return "(" + ", ".join("'" + value.replace("'", "''") + "'" for value in values) + ")"
 
 
 class QueryError(RuntimeError):

@@ -10,6 +10,7 @@ import pytest
 from otel_rl_server import ServerProcess, free_port
 
 from otel_rl import attributes as attr
+from otel_rl.query import sql_list
 from otel_rl.train.config import ConfigError, TrainConfig, config_from_dict
 from otel_rl.train.online import (
     OnlineTrainingError,
@@ -19,7 +20,6 @@ from otel_rl.train.online import (
     read_tasks,
     reusable_groups,
     run_online,
-    sql_list,
     task_for_group,
 )
 

@@ -151,6 +151,31 @@ def test_a_call_sent_again_stores_its_tokens_once_and_a_new_call_beside_it_store
     ]
 
 
+def test_fresh_rows_and_exports_waiting_together_are_both_stored_the_exports_deduplicated(tmp_path) -> None:
+    def request(*span_ids: int) -> ExportTraceServiceRequest:
+        out = ExportTraceServiceRequest()
+        spans = out.resource_spans.add().scope_spans.add().spans
+        for span_id in span_ids:
+            span = spans.add(trace_id=b"\x02" * 16, span_id=span_id.to_bytes(8, "big"), name="chat m")
+            span.start_time_unix_nano = span_id
+            span.attributes.add(key="otel_rl.prompt_token_ids").value.bytes_value = b"\x07\0\0\0" * span_id
+        return out
+
+    with Store(tmp_path / "mixed.duckdb") as store:
+        store.ingest_traces(request(1))
+        # an export sent again, the gateway's fresh rows (ids drawn by it), a new export: submitted together
+        exported, fresh, new = (store.traces_batch(request(*ids)) for ids in ((1,), (2, 3), (4,)))
+        futures = [store.submit(exported), store.submit(fresh, dedup=False), store.submit(new)]
+        for future in futures:
+            future.result(10)
+        stored = store.query_arrow(
+            "SELECT s.span_id, len(t.prompt_token_ids) AS n FROM spans s "
+            "JOIN call_tokens t USING (trace_id, span_id) ORDER BY s.span_id"
+        ).to_pylist()
+
+    assert [(int(row["span_id"], 16), row["n"]) for row in stored] == [(1, 1), (2, 2), (3, 3), (4, 4)]
+
+
 @pytest.mark.parametrize(
     ("sql", "message"),
     [

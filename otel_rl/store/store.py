@@ -72,9 +72,7 @@ class Store:
         # One DuckDB thread: the server's own threads (OTLP decoding, the gateway) keep the cores busy, and a
         # second one made each ingested span cost 25% more CPU. Queries through the server run on one core.
         self._con = duckdb.connect(str(self.path), config={"threads": 1})
-        self._con.execute(resources.files("otel_rl.store").joinpath("schema.sql").read_text())
-        self._con.execute(_STORE_TABLES_SQL)
-        self.views = create_views(self._con, transforms_dir or default_transforms_dir())
+        self.views = create_tables_and_views(self._con, transforms_dir or default_transforms_dir())
         self._seq_lock = threading.Lock()
         (last_seq,) = self._con.execute("SELECT coalesce(max(seq) + 1, 0) FROM logs").fetchone()
         self._next_log_seq = int(last_seq)
@@ -243,6 +241,13 @@ def default_transforms_dir() -> Path:
     """The view SQL: `transforms/` of a checkout, or its copy inside an installed wheel."""
     checkout = Path(__file__).resolve().parents[2] / "transforms"
     return checkout if checkout.is_dir() else Path(__file__).resolve().parents[1] / "_sql"
+
+
+def create_tables_and_views(con: duckdb.DuckDBPyConnection, transforms_dir: Path) -> dict[str, str | None]:
+    """The raw tables (schema.sql) and the store's own, where missing, then the views (see create_views)."""
+    con.execute(resources.files("otel_rl.store").joinpath("schema.sql").read_text())
+    con.execute(_STORE_TABLES_SQL)
+    return create_views(con, transforms_dir)
 
 
 def create_views(con: duckdb.DuckDBPyConnection, transforms_dir: Path) -> dict[str, str | None]:

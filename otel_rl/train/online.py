@@ -24,6 +24,8 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from otel_rl import attributes as attr
 from otel_rl.controller import Controller, ControllerSettings, Rollout, RolloutResult, group_rollouts, new_id
+from otel_rl.query import sql_list
+from otel_rl.store.window import StoreWindow
 from otel_rl.train.config import ConfigError, TrainConfig
 from otel_rl.train.worker import TrainerProcess
 
@@ -31,6 +33,9 @@ STATE_FILE = "online_state.json"  # in each step-N checkpoint: what a restart re
 RUN_FILE = "run.json"  # in output_dir: the run's id, the prefix of its group ids
 STORE_WAIT_S = 120.0  # how long a finished rollout's spans may take to reach the store
 POLL_S = 0.2
+# A step's reads start this long before its oldest final attempt: clocks of other hosts (Kubernetes pods)
+# may run a little behind the controller's. Earlier rows are only read, not used.
+WINDOW_SLACK_NS = 5_000_000_000
 
 
 class OnlineTrainingError(RuntimeError):
@@ -143,11 +148,6 @@ def reusable_groups(
         .sort("ended_at")
     )
     return groups["group_id"].to_list()
-
-
-def sql_list(values: Sequence[str]) -> str:
-    """A SQL list literal of strings (ids are hex, but quote safely anyway)."""
-    return "(" + ", ".join("'" + value.replace("'", "''") + "'" for value in values) + ")"
 
 
 # The loop reads the controller's and the gateway's spans directly where it needs one attempt's facts
@@ -390,6 +390,7 @@ class OnlineLoop:
         config.require_online()
         self.config = config
         self.client = client
+        self.window = StoreWindow()  # a step's reads
         self.console = console or Console(stderr=True)
         self.tasks = read_tasks(config.online.tasks)
         self.val_tasks = read_tasks(config.eval.tasks) if config.eval.tasks else []
@@ -665,13 +666,17 @@ class OnlineLoop:
         rollouts = attempts.select(
             "rollout_id", pl.col("final_attempt").alias("attempt_id"), "group_id", "task_id", "status"
         )
+        # What is read below (the final attempts' calls and rewards) started after the oldest final attempt
+        # did: the views over the store's rows since then give it at a cost that does not grow with the store.
+        since = int(attempts["attempt_start_ns"].min()) - WINDOW_SLACK_NS
+        self.window.load(self.client.query, since)
         # The policy's calls are the gateway's, with exact token ids; a harness's calls to any other model
         # are not samples of the policy. gateway_call_tokens reads just those, without parsing messages.
-        calls = self.client.query(
+        calls = self.window.query(
             f"SELECT {', '.join(CALL_COLUMNS)}, attempt_id FROM gateway_call_tokens "
             f"WHERE group_id IN {sql_list(groups)} ORDER BY rollout_id, start_time_unix_nano"
         )
-        rewards = self.client.query(
+        rewards = self.window.query(
             f"SELECT * FROM rewards WHERE rollout_id IN {sql_list(rollouts['rollout_id'].to_list())}"
         )
         calls, rewards = final_attempts_only(calls, rewards, attempts)

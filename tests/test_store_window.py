@@ -1,0 +1,113 @@
+"""The views over a window of the store answer for the window's rollouts as over the whole store."""
+
+import os
+
+import numpy as np
+import polars as pl
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
+from opentelemetry.proto.trace.v1.trace_pb2 import Span
+
+from otel_rl import attributes as attr
+from otel_rl.collector.rewards import RewardIn, reward_log_request
+from otel_rl.query import sql_list
+from otel_rl.store import Store
+from otel_rl.store.window import StoreWindow
+
+HOUR_NS = 3600 * 10**9
+
+
+def kv(key: str, value: str | int | bytes) -> KeyValue:
+    if isinstance(value, bytes):
+        return KeyValue(key=key, value=AnyValue(bytes_value=value))
+    if isinstance(value, int):
+        return KeyValue(key=key, value=AnyValue(int_value=value))
+    return KeyValue(key=key, value=AnyValue(string_value=value))
+
+
+def rollout(rollout_id: str, group_id: str, start_ns: int) -> ExportTraceServiceRequest:
+    """The controller's rollout span and two gateway calls (exact tokens) under it, in its own trace."""
+    request = ExportTraceServiceRequest()
+    resource = request.resource_spans.add()
+    controller, gateway = resource.scope_spans.add(), resource.scope_spans.add()
+    controller.scope.name, gateway.scope.name = attr.CONTROLLER_SCOPE, attr.GATEWAY_SCOPE
+    trace_id, root_id = os.urandom(16), os.urandom(8)
+    identity = [
+        kv(attr.ROLLOUT_ID, rollout_id),
+        kv(attr.ATTEMPT_ID, f"{rollout_id}-a"),
+        kv(attr.GROUP_ID, group_id),
+        kv(attr.TASK_ID, "task"),
+        kv(attr.SPLIT, "train"),
+    ]
+    controller.spans.append(
+        Span(
+            trace_id=trace_id,
+            span_id=root_id,
+            name=attr.ROLLOUT_SPAN_NAME,
+            start_time_unix_nano=start_ns,
+            end_time_unix_nano=start_ns + 10**9,
+            attributes=[*identity, kv(attr.ROLLOUT_STATUS, "ok"), kv(attr.ROLLOUT_EXIT_CODE, 0)],
+        )
+    )
+    for turn in (1, 2):
+        gateway.spans.append(
+            Span(
+                trace_id=trace_id,
+                span_id=os.urandom(8),
+                parent_span_id=root_id,
+                name="chat tiny",
+                kind=Span.SPAN_KIND_CLIENT,
+                start_time_unix_nano=start_ns + turn * 10**6,
+                end_time_unix_nano=start_ns + turn * 10**6 + 500_000,
+                attributes=[
+                    *identity,
+                    kv("gen_ai.operation.name", "chat"),
+                    kv("gen_ai.provider.name", "vllm"),
+                    kv("gen_ai.request.model", "tiny"),
+                    kv(attr.POLICY_VERSION, 3),
+                    kv(attr.PROMPT_TOKEN_IDS, np.arange(10 * turn, dtype="<i4").tobytes()),
+                    kv(attr.CHOICE_TOKEN_IDS.format(i=0), np.arange(5, dtype="<i4").tobytes()),
+                    kv(attr.CHOICE_LOGPROBS.format(i=0), np.full(5, -0.5, dtype="<f4").tobytes()),
+                ],
+            )
+        )
+    return request
+
+
+def test_the_views_over_a_window_answer_for_its_rollouts_as_over_the_whole_store(tmp_path) -> None:
+    start = 1_800_000_000 * 10**9
+    runs = [
+        ("old-1", "g-old", start),
+        ("new-1", "g-new", start + HOUR_NS),
+        ("new-2", "g-new", start + HOUR_NS),
+    ]
+    with Store(tmp_path / "store.duckdb") as store:
+        for rollout_id, group_id, start_ns in runs:
+            store.ingest_traces(rollout(rollout_id, group_id, start_ns))
+            reward = RewardIn(rollout_id=rollout_id, value=1.0, source="grader")
+            store.ingest_logs(reward_log_request(reward, now_ns=start_ns + 2 * 10**9))
+
+        def whole(sql: str) -> pl.DataFrame:
+            return pl.from_arrow(store.query_arrow(sql))
+
+        window = StoreWindow()
+        window.load(whole, since_ns=start + HOUR_NS)
+        new = sql_list(["new-1", "new-2"])
+        for sql in (
+            "SELECT * FROM gateway_call_tokens WHERE group_id = 'g-new' ORDER BY start_time_unix_nano",
+            f"SELECT * FROM rewards WHERE rollout_id IN {new} ORDER BY rollout_id",
+            f"SELECT * FROM rollouts WHERE rollout_id IN {new} ORDER BY rollout_id",
+        ):
+            expected = whole(sql)
+            assert expected.height >= 2
+            assert window.query(sql).equals(expected), sql
+        # what started before the window is not in it
+        assert window.query("SELECT DISTINCT rollout_id FROM rollouts ORDER BY 1")[
+            "rollout_id"
+        ].to_list() == [
+            "new-1",
+            "new-2",
+        ]
+        # a later load replaces the rows
+        window.load(whole, since_ns=start)
+        assert window.query("SELECT count(*) AS n FROM rollouts")["n"].item() == 3
