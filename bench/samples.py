@@ -6,7 +6,10 @@ collector path, then read back through the views and turned into padded arrays, 
 path is timed separately against the tokenizer's own batch-encode rate. Times are CPU seconds of this process
 pinned to one core, so that other work on a shared machine does not skew them.
 
-Usage: python bench/samples.py [--rollouts 512] [--turns 8] [--retok-rollouts 64]
+Also: an online step's reads (8 groups' calls and rewards) with older copies of the rollouts stored under
+them, through the whole store's views and through the views of a window of it (otel_rl/store/window.py).
+
+Usage: python bench/samples.py [--rollouts 512] [--turns 8] [--retok-rollouts 64] [--history 3]
 """
 
 from __future__ import annotations
@@ -31,13 +34,18 @@ from rich.table import Table
 
 from otel_rl import attributes as names
 from otel_rl.collector.rewards import RewardIn, reward_log_request
+from otel_rl.query import sql_list
 from otel_rl.store import Store
+from otel_rl.store.window import StoreWindow
+from otel_rl.train.online import WINDOW_SLACK_NS
 from otel_rl.transforms.export import pad, to_dataproto
 from otel_rl.transforms.merge import flat_lists
 from otel_rl.transforms.samples import SampleOptions, build_samples, load_inputs
 
 WORDS = [f"w{i}" for i in range(2000)]
 PAD_ID = 0
+T0 = 1_700_000_000_000_000_000  # the rollouts' start (ns); history is older
+HOUR_NS = 3600 * 10**9
 RESPONSE_DTYPES = {"response_ids": np.int64, "response_mask": np.int64, "rollout_logprobs": np.float32}
 
 
@@ -140,16 +148,16 @@ def traces_request(
     return request
 
 
-def fill_store(store: Store, rollouts: list[tuple[str, str, list[Call]]], *, with_ids: bool) -> None:
+def fill_store(
+    store: Store, rollouts: list[tuple[str, str, list[Call]]], *, with_ids: bool, t0: int = T0
+) -> None:
     """Ingest through the collector path (flatten + durable write), 32 rollouts per request, plus rewards."""
     rng = np.random.default_rng(1)
     for start in track(range(0, len(rollouts), 32), description="ingesting", transient=True):
-        store.ingest_traces(
-            traces_request(rollouts[start : start + 32], with_ids=with_ids, t0=1_700_000_000_000_000_000)
-        )
+        store.ingest_traces(traces_request(rollouts[start : start + 32], with_ids=with_ids, t0=t0))
     for rollout_id, _, _ in rollouts:
         reward = RewardIn(rollout_id=rollout_id, value=float(rng.integers(0, 2)), source="grader")
-        store.ingest_logs(reward_log_request(reward, now_ns=time.time_ns()))
+        store.ingest_logs(reward_log_request(reward, now_ns=t0 + 10**10))
 
 
 def copy_rows(series: pl.Series, width: int, fill: float, *, left: bool, dtype: type) -> np.ndarray:
@@ -263,12 +271,44 @@ def timed_retokenized(db: Path, tokenizer) -> dict[str, float]:
     }
 
 
+def timed_step_reads(db: Path, groups: list[str], since_ns: int, repeats: int) -> dict[str, float]:
+    """An online step's reads (8 groups' gateway calls and rewards): over the whole store's views, and over
+    the views of a window of it (the rows since the step's rollouts started), best-of-`repeats` CPU s."""
+    con = duckdb.connect(str(db), read_only=True, config={"threads": "1"})
+
+    def run(sql: str) -> pl.DataFrame:
+        return pl.from_arrow(con.sql(sql).to_arrow_table())
+
+    in_groups = f"group_id IN {sql_list(groups)}"
+    calls = f"SELECT * FROM gateway_call_tokens WHERE {in_groups} ORDER BY span_id"
+    rollout_ids = run(f"SELECT DISTINCT rollout_id FROM gateway_call_tokens WHERE {in_groups}")["rollout_id"]
+    rewards = f"SELECT * FROM rewards WHERE rollout_id IN {sql_list(rollout_ids.to_list())}"
+    window = StoreWindow()
+    best = {"whole": float("inf"), "window": float("inf")}
+    for _ in range(repeats):
+        start = time.process_time()
+        whole_rows = (run(calls), run(rewards))
+        best["whole"] = min(best["whole"], time.process_time() - start)
+        start = time.process_time()
+        window.load(run, since_ns)
+        window_rows = (window.query(calls), window.query(rewards))
+        best["window"] = min(best["window"], time.process_time() - start)
+    best["same"] = all(a.equals(b) for a, b in zip(whole_rows, window_rows, strict=True))
+    best["spans"] = con.execute("SELECT count(*) FROM spans").fetchall()[0][0]
+    best["window_spans"] = window.query("SELECT count(*) AS n FROM spans")["n"].item()
+    con.close()
+    return best
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rollouts", type=int, default=512)
     parser.add_argument("--turns", type=int, default=8)
     parser.add_argument("--retok-rollouts", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument(
+        "--history", type=int, default=3, help="older copies of the rollouts under an online step's reads"
+    )
     args = parser.parse_args()
     os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})  # one core, as the targets say
     console = Console()
@@ -290,6 +330,16 @@ def main() -> None:
         from otel_rl.tinymodel import build_tokenizer
 
         retok = timed_retokenized(retok_db, build_tokenizer())
+
+        # the same rollouts after `history` older copies of them (oldest first, as a store fills)
+        steps_db = Path(tmp) / "steps.duckdb"
+        with Store(steps_db) as store:
+            for k in range(args.history, 0, -1):
+                older = [(f"h{k}-{r}", f"h{k}-{g}", calls) for r, g, calls in rollouts]
+                fill_store(store, older, with_ids=True, t0=T0 - k * HOUR_NS)
+            fill_store(store, rollouts, with_ids=True)
+        step_groups = sorted({group for _, group, _ in rollouts})[:8]
+        steps = timed_step_reads(steps_db, step_groups, T0 - WINDOW_SLACK_NS, args.repeats)
 
     table = Table(title=f"store -> padded arrays, {args.rollouts} rollouts x {args.turns} turns, one core")
     for column in ("path", "seconds", "tokens/s", "samples/s", "vs limit"):
@@ -343,6 +393,12 @@ def main() -> None:
         f"{int(tokens):,} sample tokens in {int(n)} samples, padded {exact['padded_shape']}; "
         f"{int(exact['read_tokens']):,} tokens read (every call's prompt and answer). Retokenized run: "
         f"{args.retok_rollouts} rollouts, calls {retok['token_sources']} (its tokens/s: tokens encoded)."
+    )
+    console.print(
+        f"online step reads (8 groups' gateway calls and rewards) with {args.history} older copies of the"
+        f" rollouts stored ({steps['spans']:,} spans): through the whole store's views"
+        f" {steps['whole']:.3f} s, through the views of a window of it {steps['window']:.3f} s"
+        f" ({steps['window_spans']:,} spans; same rows: {steps['same']})"
     )
     for aim, met in (
         (">= 2M tokens/s", tokens / exact["total"] >= 2e6),

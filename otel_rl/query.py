@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 if TYPE_CHECKING:
+    import httpx
     import polars as pl
     import pyarrow as pa
 
@@ -86,7 +87,6 @@ def _query_file(path: Path, sql: str) -> pa.Table | None:
 
 def _query_server(url: str, sql: str, token: str | None, why_server: str) -> pa.Table:
     import httpx
-    import pyarrow as pa
 
     token = token or os.environ.get("OTEL_RL_TOKEN") or _token_from_file()
     headers = {"Authorization": f"Bearer {token}"} if token else {}
@@ -94,6 +94,13 @@ def _query_server(url: str, sql: str, token: str | None, why_server: str) -> pa.
         response = httpx.post(f"{url.rstrip('/')}/v1/query", json={"sql": sql}, headers=headers, timeout=300)
     except httpx.TransportError as exc:
         raise QueryError(f"{why_server}, but no otel-rl server answers at {url}: {exc}") from None
+    return query_result(response, url)
+
+
+def query_result(response: httpx.Response, url: str) -> pa.Table:
+    """The table of a /v1/query response; a QueryError with the server's message for any other status."""
+    import pyarrow as pa
+
     if response.status_code != 200:
         raise QueryError(f"{url} answered {response.status_code}: {_detail(response)}")
     return pa.ipc.open_stream(response.content).read_all()
