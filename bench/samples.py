@@ -331,15 +331,19 @@ def main() -> None:
 
         retok = timed_retokenized(retok_db, build_tokenizer())
 
-        # the same rollouts after `history` older copies of them (oldest first, as a store fills)
+        # An online run: the rollouts as steps of 8 groups, an hour apart, after `history` older copies of
+        # them (oldest first, as a store fills); the last step's reads.
         steps_db = Path(tmp) / "steps.duckdb"
+        step_size = 64
         with Store(steps_db) as store:
-            for k in range(args.history, 0, -1):
-                older = [(f"h{k}-{r}", f"h{k}-{g}", calls) for r, g, calls in rollouts]
-                fill_store(store, older, with_ids=True, t0=T0 - k * HOUR_NS)
-            fill_store(store, rollouts, with_ids=True)
-        step_groups = sorted({group for _, group, _ in rollouts})[:8]
-        steps = timed_step_reads(steps_db, step_groups, T0 - WINDOW_SLACK_NS, args.repeats)
+            for copy in range(args.history, -1, -1):
+                for first in range(0, len(rollouts), step_size):
+                    age = (copy * len(rollouts) + len(rollouts) - first) // step_size - 1  # in steps
+                    step = rollouts[first : first + step_size]
+                    chunk = [(f"h{copy}-{r}", f"h{copy}-{g}", c) for r, g, c in step]
+                    fill_store(store, chunk, with_ids=True, t0=T0 - age * HOUR_NS)
+        last_step = {group for _, group, _ in chunk}
+        steps = timed_step_reads(steps_db, sorted(last_step), T0 - WINDOW_SLACK_NS, args.repeats)
 
     table = Table(title=f"store -> padded arrays, {args.rollouts} rollouts x {args.turns} turns, one core")
     for column in ("path", "seconds", "tokens/s", "samples/s", "vs limit"):
