@@ -125,17 +125,20 @@ def test_logs_sent_twice_are_stored_once_and_numbered_in_arrival_order(tmp_path)
     assert [row["seq"] for row in stored] == sorted({row["seq"] for row in stored})
 
 
-def test_a_call_sent_again_stores_its_tokens_once_and_a_new_call_beside_it_stores_its_own(tmp_path) -> None:
-    def request(*span_ids: int) -> ExportTraceServiceRequest:
-        out = ExportTraceServiceRequest()
-        spans = out.resource_spans.add().scope_spans.add().spans
-        for span_id in span_ids:
-            span = spans.add(trace_id=b"\x01" * 16, span_id=span_id.to_bytes(8, "big"), name="chat m")
-            span.start_time_unix_nano = span_id
-            packed = span.attributes.add(key="otel_rl.prompt_token_ids")
-            packed.value.bytes_value = np.arange(span_id, dtype="<i4").tobytes()
-        return out
+def calls_request(*span_ids: int) -> ExportTraceServiceRequest:
+    """Call spans of one trace, span i starting at i ns with a prompt of i token ids."""
+    out = ExportTraceServiceRequest()
+    spans = out.resource_spans.add().scope_spans.add().spans
+    for span_id in span_ids:
+        span = spans.add(trace_id=b"\x01" * 16, span_id=span_id.to_bytes(8, "big"), name="chat m")
+        span.start_time_unix_nano = span_id
+        packed = span.attributes.add(key="otel_rl.prompt_token_ids")
+        packed.value.bytes_value = np.arange(span_id, dtype="<i4").tobytes()
+    return out
 
+
+def test_a_call_sent_again_stores_its_tokens_once_and_a_new_call_beside_it_stores_its_own(tmp_path) -> None:
+    request = calls_request
     with Store(tmp_path / "tokens.duckdb") as store:
         store.ingest_traces(request(3))
         store.ingest_traces(request(3))
@@ -152,15 +155,7 @@ def test_a_call_sent_again_stores_its_tokens_once_and_a_new_call_beside_it_store
 
 
 def test_fresh_rows_and_exports_waiting_together_are_both_stored_the_exports_deduplicated(tmp_path) -> None:
-    def request(*span_ids: int) -> ExportTraceServiceRequest:
-        out = ExportTraceServiceRequest()
-        spans = out.resource_spans.add().scope_spans.add().spans
-        for span_id in span_ids:
-            span = spans.add(trace_id=b"\x02" * 16, span_id=span_id.to_bytes(8, "big"), name="chat m")
-            span.start_time_unix_nano = span_id
-            span.attributes.add(key="otel_rl.prompt_token_ids").value.bytes_value = b"\x07\0\0\0" * span_id
-        return out
-
+    request = calls_request
     with Store(tmp_path / "mixed.duckdb") as store:
         store.ingest_traces(request(1))
         # an export sent again, the gateway's fresh rows (ids drawn by it), a new export: submitted together

@@ -1,12 +1,14 @@
 """The views over a window of the store answer for the window's rollouts as over the whole store."""
 
-import os
-
 import numpy as np
 import polars as pl
+from opentelemetry import trace
+from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
-from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
-from opentelemetry.proto.trace.v1.trace_pb2 import Span
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.trace import SpanKind
 
 from otel_rl import attributes as attr
 from otel_rl.collector.rewards import RewardIn, reward_log_request
@@ -17,61 +19,40 @@ from otel_rl.store.window import StoreWindow
 HOUR_NS = 3600 * 10**9
 
 
-def kv(key: str, value: str | int | bytes) -> KeyValue:
-    if isinstance(value, bytes):
-        return KeyValue(key=key, value=AnyValue(bytes_value=value))
-    if isinstance(value, int):
-        return KeyValue(key=key, value=AnyValue(int_value=value))
-    return KeyValue(key=key, value=AnyValue(string_value=value))
-
-
 def rollout(rollout_id: str, group_id: str, start_ns: int) -> ExportTraceServiceRequest:
-    """The controller's rollout span and two gateway calls (exact tokens) under it, in its own trace."""
-    request = ExportTraceServiceRequest()
-    resource = request.resource_spans.add()
-    controller, gateway = resource.scope_spans.add(), resource.scope_spans.add()
-    controller.scope.name, gateway.scope.name = attr.CONTROLLER_SCOPE, attr.GATEWAY_SCOPE
-    trace_id, root_id = os.urandom(16), os.urandom(8)
-    identity = [
-        kv(attr.ROLLOUT_ID, rollout_id),
-        kv(attr.ATTEMPT_ID, f"{rollout_id}-a"),
-        kv(attr.GROUP_ID, group_id),
-        kv(attr.TASK_ID, "task"),
-        kv(attr.SPLIT, "train"),
-    ]
-    controller.spans.append(
-        Span(
-            trace_id=trace_id,
-            span_id=root_id,
-            name=attr.ROLLOUT_SPAN_NAME,
-            start_time_unix_nano=start_ns,
-            end_time_unix_nano=start_ns + 10**9,
-            attributes=[*identity, kv(attr.ROLLOUT_STATUS, "ok"), kv(attr.ROLLOUT_EXIT_CODE, 0)],
-        )
+    """The controller's rollout span and two gateway calls (exact tokens) under it, exported by the SDK."""
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    identity = {
+        attr.ROLLOUT_ID: rollout_id,
+        attr.ATTEMPT_ID: f"{rollout_id}-a",
+        attr.GROUP_ID: group_id,
+        attr.TASK_ID: "task",
+        attr.SPLIT: "train",
+    }
+    root = provider.get_tracer(attr.CONTROLLER_SCOPE).start_span(
+        attr.ROLLOUT_SPAN_NAME,
+        start_time=start_ns,
+        attributes={**identity, attr.ROLLOUT_STATUS: "ok", attr.ROLLOUT_EXIT_CODE: 0},
     )
+    gateway = provider.get_tracer(attr.GATEWAY_SCOPE)
     for turn in (1, 2):
-        gateway.spans.append(
-            Span(
-                trace_id=trace_id,
-                span_id=os.urandom(8),
-                parent_span_id=root_id,
-                name="chat tiny",
-                kind=Span.SPAN_KIND_CLIENT,
-                start_time_unix_nano=start_ns + turn * 10**6,
-                end_time_unix_nano=start_ns + turn * 10**6 + 500_000,
-                attributes=[
-                    *identity,
-                    kv("gen_ai.operation.name", "chat"),
-                    kv("gen_ai.provider.name", "vllm"),
-                    kv("gen_ai.request.model", "tiny"),
-                    kv(attr.POLICY_VERSION, 3),
-                    kv(attr.PROMPT_TOKEN_IDS, np.arange(10 * turn, dtype="<i4").tobytes()),
-                    kv(attr.CHOICE_TOKEN_IDS.format(i=0), np.arange(5, dtype="<i4").tobytes()),
-                    kv(attr.CHOICE_LOGPROBS.format(i=0), np.full(5, -0.5, dtype="<f4").tobytes()),
-                ],
-            )
+        tokens = {
+            attr.PROMPT_TOKEN_IDS: np.arange(10 * turn, dtype="<i4").tobytes(),
+            attr.CHOICE_TOKEN_IDS.format(i=0): np.arange(5, dtype="<i4").tobytes(),
+            attr.CHOICE_LOGPROBS.format(i=0): np.full(5, -0.5, dtype="<f4").tobytes(),
+        }
+        call = gateway.start_span(
+            "chat tiny",
+            context=trace.set_span_in_context(root),
+            kind=SpanKind.CLIENT,
+            start_time=start_ns + turn * 10**6,
+            attributes={**identity, "gen_ai.operation.name": "chat", attr.POLICY_VERSION: 3, **tokens},
         )
-    return request
+        call.end(end_time=start_ns + turn * 10**6 + 500_000)
+    root.end(end_time=start_ns + 10**9)
+    return encode_spans(exporter.get_finished_spans())
 
 
 def test_the_views_over_a_window_answer_for_its_rollouts_as_over_the_whole_store(tmp_path) -> None:
