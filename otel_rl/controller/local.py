@@ -73,6 +73,7 @@ class AttemptResult:
     status: RolloutStatus
     exit_code: int | None  # negative: killed by that signal number (Python's convention)
     trace_id: str
+    start_time_unix_nano: int  # of its span
     duration_s: float
     log_path: Path
 
@@ -237,6 +238,7 @@ class Controller:
             status=status,
             exit_code=exit_code,
             trace_id=f"{span.get_span_context().trace_id:032x}",
+            start_time_unix_nano=span.start_time,
             duration_s=time.monotonic() - started,
             log_path=log_path,
         )

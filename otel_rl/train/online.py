@@ -33,8 +33,8 @@ STATE_FILE = "online_state.json"  # in each step-N checkpoint: what a restart re
 RUN_FILE = "run.json"  # in output_dir: the run's id, the prefix of its group ids
 STORE_WAIT_S = 120.0  # how long a finished rollout's spans may take to reach the store
 POLL_S = 0.2
-# A step's reads start this long before its oldest final attempt: clocks of other hosts (Kubernetes pods)
-# may run a little behind the controller's. Earlier rows are only read, not used.
+# Reads of a step's attempts start this long before the oldest of them: clocks of other hosts (Kubernetes
+# pods) may run a little behind the controller's. Earlier rows are only read, not used.
 WINDOW_SLACK_NS = 5_000_000_000
 
 
@@ -154,14 +154,17 @@ def reusable_groups(
 # (the `rollouts` view has one row per rollout) or only a few fields cheaply, while rollouts run.
 
 
-def attempt_progress_sql(attempt_ids: Sequence[str]) -> str:
-    """Per attempt: whether its controller status span arrived, and its oldest call's policy version."""
+def attempt_progress_sql(attempt_ids: Sequence[str], since_ns: int) -> str:
+    """Per attempt (all started at `since_ns` or later): whether its controller status span arrived, and its
+    oldest call's policy version. The time bound lets DuckDB skip older row groups: without it every poll
+    parsed every stored call's attributes."""
     return (
         f"SELECT attributes ->> '{attr.ATTEMPT_ID}' AS attempt_id, "
         f"bool_or(scope_name = '{attr.CONTROLLER_SCOPE}') AS finished, "
         f"min(TRY_CAST(attributes ->> '{attr.POLICY_VERSION}' AS INTEGER)) "
         f"FILTER (WHERE scope_name = '{attr.GATEWAY_SCOPE}') AS policy_version "
-        f"FROM spans WHERE scope_name IN ('{attr.CONTROLLER_SCOPE}', '{attr.GATEWAY_SCOPE}') "
+        f"FROM spans WHERE start_time_unix_nano >= {since_ns} "
+        f"AND scope_name IN ('{attr.CONTROLLER_SCOPE}', '{attr.GATEWAY_SCOPE}') "
         f"AND attributes ->> '{attr.ATTEMPT_ID}' IN {sql_list(attempt_ids)} GROUP BY 1"
     )
 
@@ -647,9 +650,10 @@ class OnlineLoop:
         finals = {r.attempts[-1].attempt_id: r.rollout.group_id for r in results}
         if not finals:
             return {}
+        since = min(r.attempts[-1].start_time_unix_nano for r in results) - WINDOW_SLACK_NS
         deadline = time.monotonic() + STORE_WAIT_S
         while True:
-            rows = await asyncio.to_thread(self.client.query, attempt_progress_sql(sorted(finals)))
+            rows = await asyncio.to_thread(self.client.query, attempt_progress_sql(sorted(finals), since))
             missing = set(finals) - set(rows.filter(pl.col("finished"))["attempt_id"])
             if not missing:
                 return oldest_versions(rows, finals)
