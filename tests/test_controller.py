@@ -207,9 +207,10 @@ def test_a_harness_configured_only_by_the_environment_lands_in_its_rollout(otel_
     ]
 
 
-def test_a_command_that_cannot_start_is_an_infra_error_and_retried(otel_rl_server, tmp_path):
+@pytest.mark.parametrize("nice", [0, 3])  # with nice, the harness is exec'd by nice(1)
+def test_a_command_that_cannot_start_is_an_infra_error_and_retried(otel_rl_server, tmp_path, nice):
     settings = ControllerSettings(
-        command=[str(tmp_path / "no-such-harness")], max_attempts=2, log_dir=tmp_path
+        command=[str(tmp_path / "no-such-harness")], max_attempts=2, log_dir=tmp_path, nice=nice
     )
     controller = controller_for(otel_rl_server, settings)
     [result] = controller.run([Rollout(new_id(), new_id(), "t", {})])

@@ -3,6 +3,7 @@
 import asyncio
 import contextlib
 import os
+import shutil
 import signal
 import time
 import uuid
@@ -261,6 +262,14 @@ class Controller:
         if self.settings.preload:
             process = await self._forked(argv, env, log_path)
         else:
+            if self.settings.nice:
+                # nice(1) lowers its priority, then execs the harness (same process): from its first
+                # instruction, where setting it from here after the start raced the harness's own start.
+                # A missing executable stays an error of ours, not an exit status of nice's.
+                executable = shutil.which(argv[0], path=env.get("PATH"))
+                if executable is None:
+                    raise FileNotFoundError(f"harness executable not found: {argv[0]!r}")
+                argv = ["nice", "-n", str(self.settings.nice), executable, *argv[1:]]
             with log_path.open("wb") as log:
                 process = await asyncio.create_subprocess_exec(
                     *argv,
@@ -270,10 +279,6 @@ class Controller:
                     stderr=asyncio.subprocess.STDOUT,
                     start_new_session=True,  # its own process group, so that a kill reaches every descendant
                 )
-            if self.settings.nice:  # right away, before it starts processes of its own
-                niceness = os.getpriority(os.PRIO_PROCESS, 0) + self.settings.nice  # as os.nice() in a fork
-                with contextlib.suppress(ProcessLookupError):
-                    os.setpriority(os.PRIO_PROCESS, process.pid, min(niceness, 19))
         timed_out = False
         try:
             try:
