@@ -3,11 +3,11 @@ the same tables and views.
 
 A training step reads the calls and rewards of its own rollouts, but the views work out identity, which
 client span a gateway call supersedes and where a reward belongs over every stored span before a WHERE on
-their output applies: read through the server, a step costs what the store holds (in the demo, the step's
-reads took 2.6 s at the first step and 4.8 s by the twentieth). A step's rollouts all started after a
-known time, and every row the views need for them (their traces, their gateway calls and tokens, their
-rewards) started or arrived after it: the same views over just those rows answer the same for those
-rollouts, at a cost that follows the window instead of the store.
+their output applies: read through the server, a step costs what the store holds (on a copy of a demo's
+store, 0.3–0.6 s of CPU at 22.6K spans, 3.3–4.0 s with ten times that history). A step's rollouts all
+started after a known time, and every row the views need for them (their traces, their gateway calls and
+tokens, their rewards) started or arrived after it: the same views over just those rows answer the same
+for those rollouts, at a cost that follows the window instead of the store.
 """
 
 from collections.abc import Callable
