@@ -1,5 +1,8 @@
 """The views over a window of the store answer for the window's rollouts as over the whole store."""
 
+import time
+
+import duckdb
 import numpy as np
 import polars as pl
 from opentelemetry import trace
@@ -15,8 +18,6 @@ from otel_rl.collector.rewards import RewardIn, reward_log_request
 from otel_rl.query import sql_list
 from otel_rl.store import Store
 from otel_rl.store.window import StoreWindow
-
-HOUR_NS = 3600 * 10**9
 
 
 def rollout(rollout_id: str, group_id: str, start_ns: int) -> ExportTraceServiceRequest:
@@ -56,23 +57,24 @@ def rollout(rollout_id: str, group_id: str, start_ns: int) -> ExportTraceService
 
 
 def test_the_views_over_a_window_answer_for_its_rollouts_as_over_the_whole_store(tmp_path) -> None:
-    start = 1_800_000_000 * 10**9
-    runs = [
-        ("old-1", "g-old", start),
-        ("new-1", "g-new", start + HOUR_NS),
-        ("new-2", "g-new", start + HOUR_NS),
-    ]
     with Store(tmp_path / "store.duckdb") as store:
-        for rollout_id, group_id, start_ns in runs:
+
+        def run(rollout_id: str, group_id: str) -> None:
+            start_ns = time.time_ns()
             store.ingest_traces(rollout(rollout_id, group_id, start_ns))
             reward = RewardIn(rollout_id=rollout_id, value=1.0, source="grader")
             store.ingest_logs(reward_log_request(reward, now_ns=start_ns + 2 * 10**9))
+
+        run("old-1", "g-old")
+        since = time.time_ns()  # the new rollouts start after this; the old one's reward is timed after it
+        run("new-1", "g-new")
+        run("new-2", "g-new")
 
         def whole(sql: str) -> pl.DataFrame:
             return pl.from_arrow(store.query_arrow(sql))
 
         window = StoreWindow()
-        window.load(whole, since_ns=start + HOUR_NS)
+        window.load(whole, since_ns=since)
         new = sql_list(["new-1", "new-2"])
         for sql in (
             "SELECT * FROM gateway_call_tokens WHERE group_id = 'g-new' ORDER BY start_time_unix_nano",
@@ -82,13 +84,35 @@ def test_the_views_over_a_window_answer_for_its_rollouts_as_over_the_whole_store
             expected = whole(sql)
             assert expected.height >= 2
             assert window.query(sql).equals(expected), sql
-        # what started before the window is not in it
-        assert window.query("SELECT DISTINCT rollout_id FROM rollouts ORDER BY 1")[
-            "rollout_id"
-        ].to_list() == [
-            "new-1",
-            "new-2",
-        ]
+        # What was stored before the window is not in it: the old rollout, its tokens, and its reward,
+        # although that reward's time is after the window's start.
+        loaded = window.query(
+            "SELECT (SELECT list(DISTINCT rollout_id ORDER BY rollout_id) FROM rollouts) AS rollouts,"
+            " (SELECT count(*) FROM call_tokens) AS tokens, (SELECT count(*) FROM logs) AS logs"
+        )
+        assert loaded.row(0) == (["new-1", "new-2"], 4, 2)
         # a later load replaces the rows
-        window.load(whole, since_ns=start)
+        window.load(whole, since_ns=0)
         assert window.query("SELECT count(*) AS n FROM rollouts")["n"].item() == 3
+
+
+def test_a_store_made_before_call_tokens_had_received_at_gets_it_from_the_spans(tmp_path) -> None:
+    db = tmp_path / "store.duckdb"
+    with Store(db) as store:
+        store.ingest_traces(rollout("r-1", "g-1", time.time_ns()))
+    con = duckdb.connect(str(db))
+    con.execute("ALTER TABLE call_tokens DROP COLUMN received_at")
+    con.close()
+
+    with Store(db) as store:
+        (missing, stored) = (
+            store.query_arrow(
+                "SELECT count(*) FILTER (t.received_at IS NULL), count(*) FILTER (t.received_at = s.received_at)"
+                " FROM call_tokens t JOIN spans s USING (trace_id, span_id)"
+            )
+            .to_pylist()[0]
+            .values()
+        )
+        assert (missing, stored) == (0, 2)
+        store.ingest_traces(rollout("r-2", "g-1", time.time_ns()))  # and new rows are written with it
+        assert store.query_arrow("SELECT count(received_at) AS n FROM call_tokens")["n"][0].as_py() == 4

@@ -60,6 +60,7 @@ CALL_TOKENS_SCHEMA = pa.schema(
         ("prompt_token_ids", pa.list_(pa.int32())),
         ("choice_token_ids", pa.list_(pa.list_(pa.int32()))),
         ("choice_logprobs", pa.list_(pa.list_(pa.float32()))),
+        ("received_at", pa.timestamp("us", tz="UTC")),
     ]
 )
 LOGS_SCHEMA = pa.schema(
@@ -353,15 +354,20 @@ def traces_to_tables(req: ExportTraceServiceRequest, received_at: datetime) -> d
                         s_schema,
                     )
                 )
-    return {"spans": _table(SPANS_SCHEMA, rows, received_at), "call_tokens": call_tokens_table(packed)}
+    spans = _table(SPANS_SCHEMA, rows, received_at)
+    return {"spans": spans, "call_tokens": call_tokens_table(packed, received_at)}
 
 
 def _table(schema: pa.Schema, rows: list[tuple], received_at: datetime) -> pa.Table:
     """Columns from row tuples (every field of `schema` but the trailing received_at), then received_at."""
     columns = zip(*rows, strict=True) if rows else [()] * (len(schema) - 1)
     arrays = [_array(col, field.type) for col, field in zip(columns, schema, strict=False)]
-    arrays.append(pa.repeat(pa.scalar(received_at, type=schema.field("received_at").type), len(rows)))
+    arrays.append(_received_at(received_at, len(rows)))
     return pa.Table.from_arrays(arrays, schema=schema)
+
+
+def _received_at(received_at: datetime, n: int) -> pa.Array:
+    return pa.repeat(pa.scalar(received_at, type=pa.timestamp("us", tz="UTC")), n)
 
 
 def _array(values: Iterable, type_: pa.DataType) -> pa.Array:
@@ -398,8 +404,8 @@ def _nested_list_array(
     return pa.ListArray.from_arrays(pa.array(offsets), inner, mask=mask if mask.true_count else None)
 
 
-def call_tokens_table(packed: list[PackedTokens]) -> pa.Table:
-    """call_tokens rows for the spans that carried packed token attributes."""
+def call_tokens_table(packed: list[PackedTokens], received_at: datetime) -> pa.Table:
+    """call_tokens rows for the spans that carried packed token attributes (received with them)."""
     n_choices = [max([*t.choice_ids, *t.choice_logprobs], default=-1) + 1 for t in packed]
     arrays = [
         pa.array([t.trace_id for t in packed], type=pa.string()),
@@ -407,6 +413,7 @@ def call_tokens_table(packed: list[PackedTokens]) -> pa.Table:
         _list_array([t.prompt for t in packed], "<i4", pa.int32()),
         _nested_list_array([t.choice_ids for t in packed], n_choices, "<i4", pa.int32()),
         _nested_list_array([t.choice_logprobs for t in packed], n_choices, "<f4", pa.float32()),
+        _received_at(received_at, len(packed)),
     ]
     return pa.Table.from_arrays(arrays, schema=CALL_TOKENS_SCHEMA)
 

@@ -161,7 +161,8 @@ class CallSpanWriter:
             self._rows, self._tokens = [], []
         if not rows:
             return
-        batch = {"spans": spans_table(rows, datetime.now(UTC)), "call_tokens": call_tokens_table(tokens)}
+        now = datetime.now(UTC)
+        batch = {"spans": spans_table(rows, now), "call_tokens": call_tokens_table(tokens, now)}
         try:
             while True:
                 try:

@@ -45,8 +45,14 @@ CREATE TABLE IF NOT EXISTS call_tokens (
     span_id           VARCHAR NOT NULL,
     prompt_token_ids  INTEGER[],
     choice_token_ids  INTEGER[][],   -- one list per choice, by choice index
-    choice_logprobs   FLOAT[][]      -- sampled-token logprobs, aligned with choice_token_ids
+    choice_logprobs   FLOAT[][],     -- sampled-token logprobs, aligned with choice_token_ids
+    received_at       TIMESTAMPTZ    -- as its span's
 );
+-- Stores made before call_tokens had received_at: add it, and take it from the rows' spans.
+ALTER TABLE call_tokens ADD COLUMN IF NOT EXISTS received_at TIMESTAMPTZ;
+UPDATE call_tokens SET received_at = s.received_at
+FROM spans s
+WHERE call_tokens.received_at IS NULL AND s.trace_id = call_tokens.trace_id AND s.span_id = call_tokens.span_id;
 
 CREATE TABLE IF NOT EXISTS logs (
     content_key             VARCHAR NOT NULL,   -- hash of the record with its resource and scope: the dedup key
