@@ -105,14 +105,11 @@ def test_a_store_made_before_call_tokens_had_received_at_gets_it_from_the_spans(
     con.close()
 
     with Store(db) as store:
-        (missing, stored) = (
-            store.query_arrow(
-                "SELECT count(*) FILTER (t.received_at IS NULL), count(*) FILTER (t.received_at = s.received_at)"
-                " FROM call_tokens t JOIN spans s USING (trace_id, span_id)"
-            )
-            .to_pylist()[0]
-            .values()
-        )
-        assert (missing, stored) == (0, 2)
+        filled = store.query_arrow(
+            "SELECT count(*) FILTER (t.received_at IS NULL) AS missing,"
+            " count(*) FILTER (t.received_at = s.received_at) AS from_spans"
+            " FROM call_tokens t JOIN spans s USING (trace_id, span_id)"
+        ).to_pylist()
+        assert filled == [{"missing": 0, "from_spans": 2}]
         store.ingest_traces(rollout("r-2", "g-1", time.time_ns()))  # and new rows are written with it
         assert store.query_arrow("SELECT count(received_at) AS n FROM call_tokens")["n"][0].as_py() == 4

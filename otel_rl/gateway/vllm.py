@@ -30,7 +30,7 @@ READY_MARKER = ".otel-rl-ready"
 
 # What every local server runs with (docs/model.md explains each): float32 so logprobs equal the trainer's,
 # the sampling distribution's logprobs (temperature applied), only the sampling parameters a request sends,
-# and Hermes-style tool calls, which the tiny model's chat template writes.
+# Hermes-style tool calls, which the tiny model's chat template writes, and usage with its cached tokens.
 SERVER_FLAGS = (
     "--dtype", "float32",
     "--max-model-len", "512",
@@ -38,6 +38,7 @@ SERVER_FLAGS = (
     "--logprobs-mode", "processed_logprobs",
     "--generation-config", "vllm",
     "--enable-auto-tool-choice", "--tool-call-parser", "hermes",
+    "--enable-prompt-tokens-details",
 )  # fmt: skip
 # The ranks vLLM accepts as the largest LoRA rank it reserves room for (`--max-lora-rank`).
 LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
