@@ -136,6 +136,11 @@ def test_attribute_values_map_to_json_and_ids_to_lowercase_hex(db) -> None:
         "i": 2**62,
         "f": 0.25,
         "b": True,
+        # zeros and the empty string: the values a oneof read cannot tell from an unset field
+        "i0": 0,
+        "f0": 0.0,
+        "b0": False,
+        "s0": "",
         "raw": b"\x00\xff",
         "list": ["a", "b"],
         "otel_rl.other_bytes": b"\x01",  # an otel_rl.* bytes value that is no token array stays an attribute
@@ -148,7 +153,9 @@ def test_attribute_values_map_to_json_and_ids_to_lowercase_hex(db) -> None:
     ).fetchone()
     span = request.resource_spans[0].scope_spans[0].spans[0]
     assert row[:3] == (span.trace_id.hex(), span.span_id.hex(), None)
-    assert json.loads(row[3]) == attributes | {"raw": "AP8=", "otel_rl.other_bytes": "AQ=="}
+    stored = json.loads(row[3])
+    assert stored == attributes | {"raw": "AP8=", "otel_rl.other_bytes": "AQ=="}
+    assert [type(stored[key]) for key in ("i", "f", "b", "i0", "f0", "b0")] == [int, float, bool] * 2
     assert json.loads(row[4]) == [
         {"time_unix_nano": 5, "name": "e", "attributes": {}, "dropped_attributes_count": 0}
     ]
