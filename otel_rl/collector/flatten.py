@@ -355,8 +355,10 @@ def traces_to_tables(req: ExportTraceServiceRequest, received_at: datetime) -> d
                         s_schema,
                     )
                 )
-    spans = _table(SPANS_SCHEMA, rows, received_at)
-    return {"spans": spans, "call_tokens": call_tokens_table(packed, received_at)}
+    return {
+        "spans": _table(SPANS_SCHEMA, rows, received_at),
+        "call_tokens": call_tokens_table(packed, received_at),
+    }
 
 
 def _table(schema: pa.Schema, rows: list[tuple], received_at: datetime) -> pa.Table:
