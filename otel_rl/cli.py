@@ -15,6 +15,7 @@ app = typer.Typer(
     help="OpenTelemetry-native trace-to-training pipeline for agent reinforcement learning.",
     no_args_is_help=True,
     pretty_exceptions_show_locals=False,
+    rich_markup_mode="markdown",
 )
 
 # Each component defines its command (or sub-app) next to its code; heavy imports stay inside them.
