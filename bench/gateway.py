@@ -21,7 +21,6 @@ import json
 import multiprocessing
 import os
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -34,6 +33,8 @@ import httpx
 import uvicorn
 from rich.console import Console
 from rich.table import Table
+
+from otel_rl.gateway.vllm import free_ports
 
 console = Console()
 TOKEN = "bench-admin-token"
@@ -210,12 +211,6 @@ def measure(
 # ------------------------------------------------------------------ processes
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def wait_until(url: str, timeout_s: float = 120) -> None:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
@@ -229,9 +224,9 @@ def wait_until(url: str, timeout_s: float = 120) -> None:
 
 
 def start_server(workdir: Path, vllm_urls: list[str]) -> tuple[subprocess.Popen, int]:
-    port = free_port()
+    port, grpc_port = free_ports(2)
     args = [str(Path(sys.executable).parent / "otel-rl"), "serve", "--db", str(workdir / "bench.duckdb")]
-    args += ["--token", TOKEN, "--http-port", str(port), "--grpc-port", str(free_port())]
+    args += ["--token", TOKEN, "--http-port", str(port), "--grpc-port", str(grpc_port)]
     for url in vllm_urls:
         args += ["--vllm", url]
     log = (workdir / "serve.log").open("ab")
@@ -272,11 +267,10 @@ def cpu_seconds(pid: int) -> float:
 
 
 def bench_proxy(seconds: float) -> bool:
-    fake_port = free_port()
+    fake_port, peer_port = free_ports(2)
     fake = multiprocessing.Process(target=run_fake, args=(fake_port,), daemon=True)
     fake.start()
     wait_until(f"http://127.0.0.1:{fake_port}/health")
-    peer_port = free_port()
     peer = multiprocessing.Process(
         target=run_bare_proxy, args=(peer_port, f"http://127.0.0.1:{fake_port}"), daemon=True
     )

@@ -10,7 +10,6 @@ calculator harness (examples/calc_agent.py) as processes under the rollout contr
 import argparse
 import json
 import os
-import socket
 import subprocess
 import sys
 import tempfile
@@ -28,7 +27,7 @@ sys.path.insert(0, str(ROOT / "examples"))
 from calc_task import sample_tasks, split_problems, write_tasks  # noqa: E402
 
 from otel_rl.controller import Controller, ControllerSettings, group_rollouts  # noqa: E402
-from otel_rl.gateway.vllm import VLLMServer  # noqa: E402
+from otel_rl.gateway.vllm import VLLMServer, free_ports  # noqa: E402
 from otel_rl.tinymodel import init_model  # noqa: E402
 from otel_rl.train.config import config_from_dict  # noqa: E402
 from otel_rl.train.online import ServerClient, run_online  # noqa: E402
@@ -37,17 +36,11 @@ PAUSE_AIM = 0.05
 TOKEN = "bench-admin-token"
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def start_server(workdir: Path, vllm_url: str) -> tuple[subprocess.Popen, str]:
     """`otel-rl serve` with the gateway in front of one vLLM server; returns it once healthy."""
-    port = free_port()
+    port, grpc_port = free_ports(2)
     args = [str(Path(sys.executable).parent / "otel-rl"), "serve", "--db", str(workdir / "bench.duckdb")]
-    args += ["--token", TOKEN, "--http-port", str(port), "--grpc-port", str(free_port()), "--vllm", vllm_url]
+    args += ["--token", TOKEN, "--http-port", str(port), "--grpc-port", str(grpc_port), "--vllm", vllm_url]
     env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
     log = (workdir / "server.log").open("wb")
     server = subprocess.Popen(args, cwd=workdir, stdout=log, stderr=subprocess.STDOUT, env=env)

@@ -6,7 +6,6 @@ import os
 import secrets
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -77,21 +76,17 @@ def _calc_task() -> ModuleType:
     return module
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 @contextmanager
 def running_server(workdir: Path, model: Path, vllm_url: str | None, token: str, console: Console):
     """`otel-rl serve` with its gateway over `vllm_url`, or over a local vLLM server it starts for `model`;
     yields its URL."""
-    port = _free_port()
+    from otel_rl.gateway.vllm import free_ports
+
+    port, grpc_port = free_ports(2)
     upstream = ["--vllm", vllm_url] if vllm_url else ["--model", str(model)]
     command = [
         str(Path(sys.executable).parent / "otel-rl"), "serve", "--db", str(workdir / "otel_rl.duckdb"),
-        "--token", token, *upstream, "--http-port", str(port), "--grpc-port", str(_free_port()),
+        "--token", token, *upstream, "--http-port", str(port), "--grpc-port", str(grpc_port),
     ]  # fmt: skip
     log_path = workdir / "server.log"
     env = {key: value for key, value in os.environ.items() if not key.startswith("OTEL_")}

@@ -2,7 +2,6 @@
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -11,13 +10,9 @@ from pathlib import Path
 import httpx
 import pyarrow as pa
 
+from otel_rl.gateway.vllm import free_ports
+
 OTEL_RL = Path(sys.executable).parent / "otel-rl"
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 class ServerProcess:
@@ -30,8 +25,7 @@ class ServerProcess:
         self.flags = flags  # more `otel-rl serve` flags, e.g. ("--vllm", url) for the gateway
         self.workdir = workdir
         self.token = token
-        self.http_port = free_port()
-        self.grpc_port = free_port()
+        self.http_port, self.grpc_port = free_ports(2)
         self.http_url = f"http://127.0.0.1:{self.http_port}"
         self.grpc_target = f"127.0.0.1:{self.grpc_port}"
         self.log_path = workdir / f"server-{self.http_port}.log"

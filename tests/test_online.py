@@ -7,9 +7,10 @@ from pathlib import Path
 
 import polars as pl
 import pytest
-from otel_rl_server import ServerProcess, free_port
+from otel_rl_server import ServerProcess
 
 from otel_rl import attributes as attr
+from otel_rl.gateway.vllm import free_ports
 from otel_rl.query import sql_list
 from otel_rl.train.config import ConfigError, TrainConfig, config_from_dict
 from otel_rl.train.online import (
@@ -187,6 +188,6 @@ def test_two_online_steps_advance_the_policy_and_use_no_stale_sample(gateway, ti
 
 
 def test_an_unreachable_server_is_named_in_the_error():
-    client = ServerClient(f"http://127.0.0.1:{free_port()}", "token")
+    client = ServerClient(f"http://127.0.0.1:{free_ports(1)[0]}", "token")
     with pytest.raises(OnlineTrainingError, match="cannot reach the otel-rl server at http://127.0.0.1:"):
         client.policy()

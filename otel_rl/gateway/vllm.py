@@ -136,10 +136,17 @@ def _tail(path: Path, lines: int = 40) -> str:
     return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+def free_ports(n: int) -> list[int]:
+    """`n` distinct free loopback ports. The sockets are bound together: ports taken one at a time can come
+    back the same (the OS may hand out a port again once its socket is closed)."""
+    sockets = [socket.socket() for _ in range(n)]
+    try:
+        for sock in sockets:
+            sock.bind(("127.0.0.1", 0))
+        return [sock.getsockname()[1] for sock in sockets]
+    finally:
+        for sock in sockets:
+            sock.close()
 
 
 class VLLMServer:
@@ -163,7 +170,7 @@ class VLLMServer:
         self.model_dir = Path(model_dir).resolve()
         if not (self.model_dir / "config.json").is_file():
             raise FileNotFoundError(f"{self.model_dir} has no config.json; is it a model folder?")
-        self.port = port or _free_port()
+        self.port = port or free_ports(1)[0]
         self.served_model_name = served_model_name or self.model_dir.name
         self.log_path = Path(log_path) if log_path else None
         self.lora_rank = lora_rank
