@@ -41,7 +41,7 @@ def records() -> list[CallRecord]:
         [ChoiceOutput("4", token_ids=[7, 8], logprobs=[-0.5, float("-inf")], finish_reason="stop"),
          ChoiceOutput("", tool_calls=[ToolCallOutput("c1", "calc", '{"e": "2+2"}')], token_ids=[9],
                       logprobs=[-1.25], finish_reason="tool_calls")],
-        input_tokens=3, output_tokens=3,
+        input_tokens=3, output_tokens=3, cache_read_tokens=2,
     )  # fmt: skip
     ok.time_to_first_chunk_s = 0.002
     completion = {"model": "tiny", "prompt": "2 + 2 =", "max_tokens": 4}

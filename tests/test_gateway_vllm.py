@@ -93,7 +93,8 @@ def test_chat_call_gives_the_client_what_it_asked_and_records_vllms_tokens_and_l
     ]
     assert attributes["gen_ai.response.finish_reasons"] == [finish]
     # usage has its prompt details (Traceloop's instrumentation raises on vLLM's default null there)
-    assert received["usage"]["prompt_tokens_details"]["cached_tokens"] >= 0
+    cached = received["usage"]["prompt_tokens_details"]["cached_tokens"]
+    assert attributes["gen_ai.usage.cache_read.input_tokens"] == cached >= 0
     assert attributes["gen_ai.usage.input_tokens"] == len(full["prompt_token_ids"])
     assert attributes["gen_ai.usage.output_tokens"] == len(full["choices"][0]["token_ids"])
     assert attributes["otel_rl.policy.version"] == 0

@@ -20,6 +20,7 @@ CREATE OR REPLACE MACRO call_attributes_of(attributes) AS from_json(attributes, 
     "gen_ai.usage.input_tokens": "INTEGER", "gen_ai.usage.prompt_tokens": "INTEGER",
     "gen_ai.usage.output_tokens": "INTEGER", "gen_ai.usage.completion_tokens": "INTEGER",
     "llm.token_count.prompt": "INTEGER", "llm.token_count.completion": "INTEGER",
+    "gen_ai.usage.cache_read.input_tokens": "INTEGER", "llm.token_count.prompt_details.cache_read": "INTEGER",
     "llm.invocation_parameters": "VARCHAR",
     "error.type": "VARCHAR", "gen_ai.openai.api_base": "VARCHAR",
     "server.address": "VARCHAR", "server.port": "INTEGER",
@@ -346,6 +347,8 @@ normalized AS (
             AS input_tokens,
         coalesce(a."gen_ai.usage.output_tokens", a."gen_ai.usage.completion_tokens",
                  a."llm.token_count.completion") AS output_tokens,
+        coalesce(a."gen_ai.usage.cache_read.input_tokens", a."llm.token_count.prompt_details.cache_read")
+            AS cache_read_tokens,
 
         -- Only some libraries say whether a call streamed; the official v2 never does (NULL: unknown).
         coalesce(
@@ -416,6 +419,7 @@ SELECT
     c.seed,
     c.input_tokens,
     c.output_tokens,
+    c.cache_read_tokens,
     c.streaming,
     c.is_error,
     c.error_type,

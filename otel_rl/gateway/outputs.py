@@ -33,6 +33,7 @@ class CallOutput:
     choices: list[ChoiceOutput] = field(default_factory=list)  # by choice index
     input_tokens: int | None = None
     output_tokens: int | None = None
+    cache_read_tokens: int | None = None  # prompt tokens served from vLLM's prefix cache
 
 
 def parse_chat_response(response: dict[str, Any]) -> CallOutput:
@@ -143,6 +144,7 @@ def _head(response: dict[str, Any]) -> CallOutput:
 def _read_usage(output: CallOutput, usage: dict[str, Any]) -> None:
     output.input_tokens = usage.get("prompt_tokens")
     output.output_tokens = usage.get("completion_tokens")
+    output.cache_read_tokens = (usage.get("prompt_tokens_details") or {}).get("cached_tokens")
 
 
 def _chat_logprobs(logprobs: dict[str, Any] | None) -> list[float] | None:

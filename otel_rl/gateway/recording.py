@@ -127,6 +127,8 @@ def _output_attributes(output: CallOutput, packed_tokens: bool) -> dict[str, Any
         attributes["gen_ai.usage.input_tokens"] = input_tokens
     if output_tokens is not None:
         attributes["gen_ai.usage.output_tokens"] = output_tokens
+    if output.cache_read_tokens is not None:
+        attributes["gen_ai.usage.cache_read.input_tokens"] = output.cache_read_tokens
     if packed_tokens:
         prompt, choice_ids, choice_logprobs = token_arrays(output)
         if prompt is not None:
