@@ -356,12 +356,12 @@ def traces_to_tables(req: ExportTraceServiceRequest, received_at: datetime) -> d
                     )
                 )
     return {
-        "spans": _table(SPANS_SCHEMA, rows, received_at),
+        "spans": rows_table(SPANS_SCHEMA, rows, received_at),
         "call_tokens": call_tokens_table(packed, received_at),
     }
 
 
-def _table(schema: pa.Schema, rows: list[tuple], received_at: datetime) -> pa.Table:
+def rows_table(schema: pa.Schema, rows: list[tuple], received_at: datetime) -> pa.Table:
     """Columns from row tuples (every field of `schema` but the trailing received_at), then received_at."""
     columns = zip(*rows, strict=True) if rows else [()] * (len(schema) - 1)
     arrays = [_array(col, field.type) for col, field in zip(columns, schema, strict=False)]
@@ -489,7 +489,7 @@ def logs_to_tables(
                     )
                 )
                 seq += 1
-    return {"logs": _table(LOGS_SCHEMA, rows, received_at)}
+    return {"logs": rows_table(LOGS_SCHEMA, rows, received_at)}
 
 
 # ---------------------------------------------------------------- metrics
@@ -587,4 +587,4 @@ def metrics_to_tables(req: ExportMetricsServiceRequest, received_at: datetime) -
                             sm.schema_url or None,
                         )
                     )
-    return {"metric_points": _table(METRIC_POINTS_SCHEMA, rows, received_at)}
+    return {"metric_points": rows_table(METRIC_POINTS_SCHEMA, rows, received_at)}

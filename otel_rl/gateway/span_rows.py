@@ -17,7 +17,6 @@ from datetime import UTC, datetime
 from typing import Any
 
 import orjson
-import pyarrow as pa
 from opentelemetry import trace
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor
@@ -25,7 +24,13 @@ from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace import INVALID_SPAN_CONTEXT, SpanContext, SpanKind, Status, StatusCode, TraceFlags
 
 from otel_rl.attributes import GATEWAY_SCOPE
-from otel_rl.collector.flatten import SPANS_SCHEMA, PackedTokens, call_tokens_table, is_content_attribute
+from otel_rl.collector.flatten import (
+    SPANS_SCHEMA,
+    PackedTokens,
+    call_tokens_table,
+    is_content_attribute,
+    rows_table,
+)
 from otel_rl.gateway.recording import CallRecord, call_attributes, span_name, token_arrays
 from otel_rl.store.writer import Saturated
 
@@ -162,7 +167,7 @@ class CallSpanWriter:
         if not rows:
             return
         now = datetime.now(UTC)
-        batch = {"spans": spans_table(rows, now), "call_tokens": call_tokens_table(tokens, now)}
+        batch = {"spans": rows_table(SPANS_SCHEMA, rows, now), "call_tokens": call_tokens_table(tokens, now)}
         try:
             while True:
                 try:
@@ -173,14 +178,6 @@ class CallSpanWriter:
             future.result()
         except Exception:  # the thread must survive a store error; the spans are lost, loudly
             log.exception("the store refused %d gateway spans", len(rows))
-
-
-def spans_table(rows: list[tuple], received_at: datetime) -> pa.Table:
-    """The `spans` rows as an Arrow table of flatten's schema (received_at last, the same for all)."""
-    columns = zip(*rows, strict=True)
-    arrays = [pa.array(column, type=field.type) for column, field in zip(columns, SPANS_SCHEMA, strict=False)]
-    arrays.append(pa.repeat(pa.scalar(received_at, type=SPANS_SCHEMA.field("received_at").type), len(rows)))
-    return pa.Table.from_arrays(arrays, schema=SPANS_SCHEMA)
 
 
 def _random_id(bits: int) -> int:
