@@ -65,6 +65,7 @@ def _query_file(path: Path, sql: str) -> pa.Table | None:
     """The result from the file opened read-only, or None when a server holds the file's lock."""
     import duckdb
 
+    from otel_rl.store.connection import connect
     from otel_rl.store.readonly import ReadOnlyViolation, check_read_only
 
     try:
@@ -72,7 +73,7 @@ def _query_file(path: Path, sql: str) -> pa.Table | None:
     except ReadOnlyViolation as exc:
         raise QueryError(str(exc)) from None
     try:
-        con = duckdb.connect(str(path), read_only=True)
+        con = connect(path, read_only=True)
     except duckdb.IOException as exc:
         if "lock" in str(exc).lower():
             return None

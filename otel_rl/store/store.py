@@ -18,6 +18,7 @@ from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportM
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
 from otel_rl.collector import flatten
+from otel_rl.store.connection import connect
 from otel_rl.store.readonly import check_read_only
 from otel_rl.store.writer import Batch, GroupCommitWriter, Saturated
 
@@ -69,9 +70,8 @@ class Store:
     ) -> None:
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        # One DuckDB thread: the server's own threads (OTLP decoding, the gateway) keep the cores busy, and a
-        # second one made each ingested span cost 25% more CPU. Queries through the server run on one core.
-        self._con = duckdb.connect(str(self.path), config={"threads": 1})
+        # Queries through the server run on one core (see connect).
+        self._con = connect(self.path)
         self.views = create_tables_and_views(self._con, transforms_dir or default_transforms_dir())
         self._seq_lock = threading.Lock()
         (last_seq,) = self._con.execute("SELECT coalesce(max(seq) + 1, 0) FROM logs").fetchone()

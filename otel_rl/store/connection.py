@@ -1,0 +1,31 @@
+"""Opening a store file: always under one catalog name, whatever the file is called."""
+
+from pathlib import Path
+
+import duckdb
+
+# DuckDB names a database after its file's stem, and a catalog name shadows table aliases of the same name:
+# in a file called `t.duckdb`, the views' `t.message` is ambiguous and their creation fails. Attached under a
+# fixed name, every file name works.
+CATALOG = "otel_rl_store"
+
+
+def connect(path: str | Path, *, read_only: bool = False) -> duckdb.DuckDBPyConnection:
+    """A connection whose default database is the store file at `path` (created unless `read_only`).
+
+    One DuckDB thread: the server's own threads (OTLP decoding, the gateway) keep the cores busy, and a
+    second one made each ingested span cost 25% more CPU.
+    """
+    con = duckdb.connect(config={"threads": 1})
+    mode = " (READ_ONLY)" if read_only else ""
+    try:
+        con.execute(f"ATTACH '{_quoted(path)}' AS {CATALOG}{mode}")
+    except duckdb.Error:
+        con.close()
+        raise
+    con.execute(f"USE {CATALOG}")
+    return con
+
+
+def _quoted(path: str | Path) -> str:
+    return str(path).replace("'", "''")
