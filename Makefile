@@ -16,8 +16,9 @@ $(STAMP): pyproject.toml
 vllm-env: $(STAMP)
 	$(BIN)/otel-rl vllm setup
 
+# `make demo QUICK=1`: the shortened run (a few minutes) that the test suite also runs.
 demo: $(STAMP) vllm-env
-	$(BIN)/otel-rl demo
+	$(BIN)/otel-rl demo $(if $(QUICK),--quick)
 
 test: $(STAMP) vllm-env
 	$(BIN)/python -m pytest -q

@@ -86,10 +86,12 @@ def running_server(workdir: Path, model: Path, vllm_url: str | None, token: str,
     upstream = ["--vllm", vllm_url] if vllm_url else ["--model", str(model)]
     command = [
         str(Path(sys.executable).parent / "otel-rl"), "serve", "--db", str(workdir / "otel_rl.duckdb"),
-        "--token", token, *upstream, "--http-port", str(port), "--grpc-port", str(grpc_port),
+        *upstream, "--http-port", str(port), "--grpc-port", str(grpc_port),
     ]  # fmt: skip
     log_path = workdir / "server.log"
+    # The token through the environment, not the command line, where every user of the machine reads it.
     env = {key: value for key, value in os.environ.items() if not key.startswith("OTEL_")}
+    env["OTEL_RL_TOKEN"] = token
     with log_path.open("wb") as log:
         server = subprocess.Popen(
             command, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True
@@ -231,6 +233,9 @@ def run_demo(plan: DemoPlan, workdir: Path, console: Console, vllm_url: str | No
         )
     started = time.monotonic()
     timings: dict[str, float] = {}
+    # Every child process (server, harnesses, trainer) runs with paths of its own: absolute ones, so that
+    # a harness started in the working folder finds its task file whatever the demo's own directory.
+    workdir = workdir.resolve()
     shutil.rmtree(workdir, ignore_errors=True)  # a fresh demo every time
     workdir.mkdir(parents=True)
     token = secrets.token_urlsafe(24)
@@ -377,6 +382,7 @@ def demo_command(
     # SIGTERM unwinds like Ctrl-C, so the server and vLLM this demo started are stopped too.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
     console = Console()
+    workdir = workdir.resolve()
     try:
         report = run_demo(QUICK if quick else FULL, workdir, console, vllm)
     except (RuntimeError, ValueError) as error:

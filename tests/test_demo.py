@@ -7,29 +7,23 @@ import sys
 from pathlib import Path
 
 import pytest
-from test_vllm import reload_weights  # vLLM's run-time reload through its dev endpoints
 
-from otel_rl.demo import QUICK
+from otel_rl.demo import QUICK, WORKDIR
 from otel_rl.query import query
 
 OTEL_RL = Path(sys.executable).parent / "otel-rl"
+REPOSITORY = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="module")
-def quick_demo(vllm_server, tiny_model_dir, tmp_path_factory) -> tuple[Path, subprocess.CompletedProcess]:
-    """The quick demo, run once on the session's vLLM server (the demo's model is the same seeded one)."""
-    workdir = tmp_path_factory.mktemp("quick_demo") / "demo"
-    try:
-        done = subprocess.run(
-            [str(OTEL_RL), "demo", "--quick", "--workdir", str(workdir), "--vllm", vllm_server.url],
-            capture_output=True,
-            text=True,
-            timeout=900,
-        )
-    finally:
-        reload_weights(vllm_server, tiny_model_dir)  # the session's server serves the base weights
+def quick_demo() -> tuple[Path, subprocess.CompletedProcess]:
+    """The quick demo exactly as a user types it: from the repository root, every default (its own vLLM, its
+    working folder `.otel_rl/demo` relative to where it runs)."""
+    done = subprocess.run(
+        [str(OTEL_RL), "demo", "--quick"], cwd=REPOSITORY, capture_output=True, text=True, timeout=900
+    )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    return workdir, done
+    return REPOSITORY / WORKDIR, done
 
 
 def test_quick_demo_trains_through_the_whole_pipeline_and_reports(quick_demo):
