@@ -27,5 +27,13 @@ def connect(path: str | Path, *, read_only: bool = False) -> duckdb.DuckDBPyConn
     return con
 
 
+def cursor(con: duckdb.DuckDBPyConnection) -> duckdb.DuckDBPyConnection:
+    """A new connection to the same store for another thread (a DuckDB cursor starts in the in-memory
+    database, not in the one its parent USEs)."""
+    child = con.cursor()
+    child.execute(f"USE {CATALOG}")
+    return child
+
+
 def _quoted(path: str | Path) -> str:
     return str(path).replace("'", "''")

@@ -18,7 +18,7 @@ from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportM
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
 from otel_rl.collector import flatten
-from otel_rl.store.connection import connect
+from otel_rl.store.connection import connect, cursor
 from otel_rl.store.readonly import check_read_only
 from otel_rl.store.writer import Batch, GroupCommitWriter, Saturated
 
@@ -77,7 +77,7 @@ class Store:
         (last_seq,) = self._con.execute("SELECT coalesce(max(seq) + 1, 0) FROM logs").fetchone()
         self._next_log_seq = int(last_seq)
         self._writer = GroupCommitWriter(
-            self._con.cursor(), insert_batch, max_pending_bytes=max_pending_bytes
+            cursor(self._con), insert_batch, max_pending_bytes=max_pending_bytes
         )
 
     # ---------------------------------------------------------------- writes
@@ -148,14 +148,14 @@ class Store:
 
     def rollout_keys(self) -> dict[str, str]:
         """Every stored rollout key hash -> its rollout id."""
-        return dict(self._con.cursor().execute("SELECT key_hash, rollout_id FROM rollout_keys").fetchall())
+        return dict(cursor(self._con).execute("SELECT key_hash, rollout_id FROM rollout_keys").fetchall())
 
     # ---------------------------------------------------------------- reads
 
     def query_arrow(self, sql: str) -> pa.Table:
         """The result of one read-only statement (SELECT, EXPLAIN, DESCRIBE...); anything else is refused."""
         check_read_only(sql)
-        return self._con.cursor().sql(sql).to_arrow_table()
+        return cursor(self._con).sql(sql).to_arrow_table()
 
     def close(self) -> None:
         """Write what is pending, checkpoint, and close the file."""
