@@ -1,17 +1,23 @@
 """Bearer tokens: the admin token of a server and rollout-scoped keys stored (hashed) in the store."""
 
+from __future__ import annotations
+
 import hashlib
 import hmac
 import os
 import secrets
 import threading
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from otel_rl.store import Store
+if TYPE_CHECKING:
+    from otel_rl.store import Store
 
 TOKEN_FILE = Path(".otel_rl") / "token"
 ROLLOUT_KEY_PREFIX = "orl-rk-"
+MAX_TOKEN_FILE_BYTES = 4096  # a token is a line; anything larger is the wrong file
 
 
 class Unauthorized(PermissionError):
@@ -33,23 +39,72 @@ class Principal:
 ADMIN = Principal(admin=True)
 
 
-def admin_token(explicit: str | None, token_file: Path = TOKEN_FILE) -> tuple[str, str]:
-    """The admin token and where it came from: the argument, OTEL_RL_TOKEN, the token file, or a new one.
+def admin_token(
+    explicit: str | None,
+    token_file: Path = TOKEN_FILE,
+    *,
+    explicit_file: Path | None = None,
+    environ: Mapping[str, str] = os.environ,
+) -> tuple[str, str]:
+    """The admin token and where it came from: the argument, `explicit_file` (--token-file), OTEL_RL_TOKEN,
+    the file named by OTEL_RL_TOKEN_FILE, `token_file`, or a new one.
 
-    A new token is written to `token_file` (mode 600) so that local clients find it.
+    A new token is written to `token_file` (mode 600) so that local clients find it. A token file named
+    by a flag or OTEL_RL_TOKEN_FILE must exist and hold a token (ValueError otherwise).
     """
+    if explicit and explicit_file:
+        raise ValueError("give the admin token once: --token or --token-file, not both")
     if explicit:
         return explicit, "--token"
-    if os.environ.get("OTEL_RL_TOKEN"):
-        return os.environ["OTEL_RL_TOKEN"], "OTEL_RL_TOKEN"
+    if explicit_file:
+        return read_token_file(explicit_file), f"--token-file {explicit_file}"
+    found = token_from_environment(environ)
+    if found:
+        return found
     if token_file.is_file():
-        return token_file.read_text().strip(), str(token_file)
+        return read_token_file(token_file), str(token_file)
     token = secrets.token_urlsafe(32)
     token_file.parent.mkdir(parents=True, exist_ok=True)
     fd = os.open(token_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w") as f:
         f.write(token + "\n")
     return token, f"{token_file} (new)"
+
+
+def token_from_environment(environ: Mapping[str, str] = os.environ) -> tuple[str, str] | None:
+    """OTEL_RL_TOKEN, else the content of the file OTEL_RL_TOKEN_FILE names, and which; None if neither."""
+    if environ.get("OTEL_RL_TOKEN"):
+        return environ["OTEL_RL_TOKEN"], "OTEL_RL_TOKEN"
+    if environ.get("OTEL_RL_TOKEN_FILE"):
+        path = Path(environ["OTEL_RL_TOKEN_FILE"])
+        return read_token_file(path), f"OTEL_RL_TOKEN_FILE {path}"
+    return None
+
+
+def client_token(explicit: str | None = None, environ: Mapping[str, str] = os.environ) -> str | None:
+    """The token a client of the server sends: `explicit`, else OTEL_RL_TOKEN, else OTEL_RL_TOKEN_FILE's
+    file, else the .otel_rl/token a local `otel-rl serve` wrote; None when there is none."""
+    if explicit:
+        return explicit
+    found = token_from_environment(environ)
+    if found:
+        return found[0]
+    return read_token_file(TOKEN_FILE) if TOKEN_FILE.is_file() else None
+
+
+def read_token_file(path: Path) -> str:
+    """The token in a file (surrounding whitespace dropped); ValueError naming the file if it holds none."""
+    try:
+        with path.open("rb") as f:
+            content = f.read(MAX_TOKEN_FILE_BYTES + 1)
+    except OSError as exc:
+        raise ValueError(f"cannot read the token file {path}: {exc.strerror}") from None
+    if len(content) > MAX_TOKEN_FILE_BYTES:
+        raise ValueError(f"the token file {path} is over {MAX_TOKEN_FILE_BYTES} bytes: not a token")
+    token = content.decode(errors="replace").strip()
+    if not token or any(c.isspace() for c in token):
+        raise ValueError(f"the token file {path} must hold one token on one line")
+    return token
 
 
 def bearer(header: str | None) -> str | None:
@@ -105,3 +160,22 @@ class Auth:
         if not principal.admin:
             raise Forbidden("this endpoint needs the admin token, not a rollout key")
         return principal
+
+
+def admin_required(auth: Auth) -> Callable[..., Principal]:
+    """A FastAPI dependency: the admin principal, else 401 (no or an unknown token) or 403 (a rollout key).
+
+    A dependency runs before the body is validated: a request without the token hears 401, never what is
+    wrong with its body.
+    """
+    from fastapi import Header, HTTPException
+
+    def admin(authorization: str | None = Header(default=None)) -> Principal:
+        try:
+            return auth.require_admin(authorization)
+        except Unauthorized as exc:
+            raise HTTPException(401, str(exc), headers={"WWW-Authenticate": "Bearer"}) from None
+        except Forbidden as exc:
+            raise HTTPException(403, str(exc)) from None
+
+    return admin

@@ -22,7 +22,6 @@ if TYPE_CHECKING:
 
 DEFAULT_DB = Path(".otel_rl") / "otel_rl.duckdb"
 DEFAULT_SERVER = "http://127.0.0.1:4318"
-TOKEN_FILE = Path(".otel_rl") / "token"
 
 
 def sql_list(values: Sequence[str]) -> str:
@@ -62,14 +61,15 @@ def query(
 
 
 def _query_file(path: Path, sql: str) -> pa.Table | None:
-    """The result from the file opened read-only, or None when a server holds the file's lock."""
+    """The result from the file opened read-only in the sandbox (as the server runs queries), or None when
+    a server holds the file's lock."""
     import duckdb
 
     from otel_rl.store.connection import connect
-    from otel_rl.store.readonly import ReadOnlyViolation, check_read_only
+    from otel_rl.store.sandbox import QueryFailed, ReadOnlyViolation, UserQuery, check_read_only, lock_down
 
     try:
-        check_read_only(sql)
+        check_read_only(sql)  # before opening: a write is refused the same way whoever holds the file
     except ReadOnlyViolation as exc:
         raise QueryError(str(exc)) from None
     try:
@@ -79,8 +79,11 @@ def _query_file(path: Path, sql: str) -> pa.Table | None:
             return None
         raise QueryError(f"could not open {path}: {exc}") from None
     try:
-        return con.sql(sql).to_arrow_table()
-    except duckdb.Error as exc:
+        lock_down(con)
+        return UserQuery(con, sql).run()
+    except ReadOnlyViolation as exc:
+        raise QueryError(f"query refused: {exc}") from None
+    except QueryFailed as exc:
         raise QueryError(f"query failed: {exc}") from None
     finally:
         con.close()
@@ -89,7 +92,12 @@ def _query_file(path: Path, sql: str) -> pa.Table | None:
 def _query_server(url: str, sql: str, token: str | None, why_server: str) -> pa.Table:
     import httpx
 
-    token = token or os.environ.get("OTEL_RL_TOKEN") or _token_from_file()
+    from otel_rl.auth import client_token
+
+    try:
+        token = client_token(token)
+    except ValueError as exc:  # OTEL_RL_TOKEN_FILE names a file without a token
+        raise QueryError(str(exc)) from None
     headers = {"Authorization": f"Bearer {token}"} if token else {}
     try:
         response = httpx.post(f"{url.rstrip('/')}/v1/query", json={"sql": sql}, headers=headers, timeout=300)
@@ -105,10 +113,6 @@ def query_result(response: httpx.Response, url: str) -> pa.Table:
     if response.status_code != 200:
         raise QueryError(f"{url} answered {response.status_code}: {_detail(response)}")
     return pa.ipc.open_stream(response.content).read_all()
-
-
-def _token_from_file() -> str | None:
-    return TOKEN_FILE.read_text().strip() if TOKEN_FILE.is_file() else None
 
 
 def _detail(response: object) -> str:
@@ -132,7 +136,8 @@ def sql_command(
     ] = None,
     server: Annotated[str | None, typer.Option(help="Ask this otel-rl server [env OTEL_RL_SERVER]")] = None,
     token: Annotated[
-        str | None, typer.Option(help="Server token [env OTEL_RL_TOKEN; else .otel_rl/token]")
+        str | None,
+        typer.Option(help="Server token [env OTEL_RL_TOKEN; else OTEL_RL_TOKEN_FILE; else .otel_rl/token]"),
     ] = None,
     output_format: Annotated[
         OutputFormat, typer.Option("--format", help="Output format")

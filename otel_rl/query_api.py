@@ -1,22 +1,67 @@
 """POST /v1/query: one read-only SQL statement over the store, answered as an Arrow IPC stream or JSON."""
 
-import duckdb
+from dataclasses import dataclass
+
+import anyio
 import polars as pl
 import pyarrow as pa
 from anyio import to_thread
-from fastapi import APIRouter, Header, HTTPException, Response
+from fastapi import APIRouter, Depends, Header, HTTPException, Request, Response
 from pydantic import BaseModel
 
-from otel_rl.auth import Auth, Forbidden, Unauthorized
-from otel_rl.store import ReadOnlyViolation, Store
+from otel_rl.auth import Auth, admin_required
+from otel_rl.store import Store
+from otel_rl.store.sandbox import (
+    QueryFailed,
+    QueryInterrupted,
+    QueryTimeout,
+    ReadOnlyViolation,
+    ResultTooLarge,
+    UserQuery,
+)
 
 ARROW_STREAM = "application/vnd.apache.arrow.stream"
+MAX_SQL_BYTES = 1024 * 1024  # the request body, read before anything else
+QUEUE_WAIT_S = 2.0  # how long a query waits for a free slot before it is refused
+DISCONNECT_POLL_S = 0.1
 
 
 class QueryIn(BaseModel):
     """The body of a query request."""
 
     sql: str
+
+
+@dataclass(frozen=True)
+class QueryLimits:
+    """What one query may take: time, result size, and how many run at once."""
+
+    timeout_s: float = 10.0
+    max_result_bytes: int = 256 * 1024 * 1024
+    max_concurrent: int = 4
+
+
+class RunningQueries:
+    """The queries running now, so that shutdown can stop them instead of waiting for them."""
+
+    def __init__(self) -> None:
+        # Touched by the event loop's thread only, and read by a signal handler running on that same thread.
+        self._queries: set[UserQuery] = set()
+        self.stopping = False
+
+    def stop_all(self) -> None:
+        """Interrupt every running query, and every later one (the server is stopping)."""
+        self.stopping = True
+        for query in list(self._queries):
+            query.stop(QueryInterrupted("the server is shutting down; retry once it is back"))
+
+    def add(self, query: UserQuery) -> None:
+        if self.stopping:
+            query.stop(QueryInterrupted("the server is shutting down; retry once it is back"))
+        self._queries.add(query)
+
+    def discard(self, query: UserQuery) -> None:
+        self._queries.discard(query)
 
 
 def arrow_stream_bytes(table: pa.Table) -> bytes:
@@ -27,30 +72,117 @@ def arrow_stream_bytes(table: pa.Table) -> bytes:
     return sink.getvalue().to_pybytes()
 
 
-def query_router(store: Store, auth: Auth) -> APIRouter:
-    """The query endpoint (admin token only); writes and other non-SELECT statements get a 400."""
-    router = APIRouter(tags=["query"])
+def json_bytes(table: pa.Table) -> bytes:
+    """A table as a JSON array of row objects; binary values (BLOB) as base64 strings, at any depth."""
+    frame = pl.from_arrow(table)
+    frame = frame.with_columns(
+        _base64(pl.col(name), dtype).alias(name) for name, dtype in frame.schema.items() if _has_binary(dtype)
+    )
+    return frame.write_json().encode()
 
-    @router.post("/v1/query", summary="Run one read-only SQL statement over the store")
+
+def query_router(store: Store, auth: Auth, limits: QueryLimits, running: RunningQueries) -> APIRouter:
+    """The query endpoint (admin token only): a sandboxed statement (store/sandbox.py) within `limits`."""
+    router = APIRouter(tags=["query"])
+    # Its own slots: queries must not take the worker threads that exports and the gateway share.
+    slots = anyio.CapacityLimiter(limits.max_concurrent)
+
+    @router.post(
+        "/v1/query",
+        summary="Run one read-only SQL statement over the store",
+        dependencies=[Depends(admin_required(auth))],
+        max_body_size=MAX_SQL_BYTES,
+    )
     async def run_query(
-        body: QueryIn,
-        authorization: str | None = Header(default=None),
-        accept: str | None = Header(default=None),
+        body: QueryIn, request: Request, accept: str | None = Header(default=None)
     ) -> Response:
         try:
-            auth.require_admin(authorization)
-        except Unauthorized as exc:
-            raise HTTPException(401, str(exc)) from None
-        except Forbidden as exc:
-            raise HTTPException(403, str(exc)) from None
-        try:
-            table = await to_thread.run_sync(store.query_arrow, body.sql)
+            query = store.user_query(
+                body.sql, max_result_bytes=limits.max_result_bytes, timeout_s=limits.timeout_s
+            )
         except ReadOnlyViolation as exc:
             raise HTTPException(400, f"query refused: {exc}") from None
-        except duckdb.Error as exc:
+        running.add(query)
+        try:
+            table = await _run(query, request, slots, limits)
+        except ReadOnlyViolation as exc:
+            raise HTTPException(400, f"query refused: {exc}") from None
+        except QueryFailed as exc:
             raise HTTPException(400, f"query failed: {exc}") from None
+        except ResultTooLarge as exc:
+            raise HTTPException(413, f"query refused: {exc}") from None
+        except QueryTimeout as exc:
+            raise HTTPException(408, f"query stopped: {exc}") from None
+        except QueryInterrupted as exc:
+            raise HTTPException(503, f"query stopped: {exc}", headers={"Retry-After": "1"}) from None
+        finally:
+            running.discard(query)
         if accept and "application/json" in accept:
-            return Response(pl.from_arrow(table).write_json(), media_type="application/json")
+            return Response(json_bytes(table), media_type="application/json")
         return Response(arrow_stream_bytes(table), media_type=ARROW_STREAM)
 
     return router
+
+
+async def _run(
+    query: UserQuery, request: Request, slots: anyio.CapacityLimiter, limits: QueryLimits
+) -> pa.Table:
+    """Run the query in a worker thread once a slot is free, stopping it if its client goes away."""
+    failure: Exception | None = None
+    async with anyio.create_task_group() as watchers:
+        watchers.start_soon(_stop_when_disconnected, request, query)
+        try:
+            table = await _in_slot(query, slots, limits)
+        except Exception as exc:  # raised below, outside the task group (which would wrap it in a group)
+            failure = exc
+        watchers.cancel_scope.cancel()
+    if failure is not None:
+        raise failure
+    return table
+
+
+async def _in_slot(query: UserQuery, slots: anyio.CapacityLimiter, limits: QueryLimits) -> pa.Table:
+    try:
+        with anyio.fail_after(QUEUE_WAIT_S):
+            await slots.acquire()
+    except TimeoutError:
+        raise HTTPException(
+            429,
+            f"too many queries: {limits.max_concurrent} are running (the server's --query-concurrency);"
+            " retry shortly",
+            headers={"Retry-After": "1"},
+        ) from None
+    try:
+        # A limiter of its own: the default one (40 threads) is the exports' and the gateway's.
+        return await to_thread.run_sync(query.run, limiter=anyio.CapacityLimiter(1))
+    finally:
+        slots.release()
+
+
+async def _stop_when_disconnected(request: Request, query: UserQuery) -> None:
+    while not await request.is_disconnected():
+        await anyio.sleep(DISCONNECT_POLL_S)
+    query.stop(QueryInterrupted("the client disconnected"))
+
+
+def _has_binary(dtype: pl.DataType) -> bool:
+    if dtype == pl.Binary:
+        return True
+    if isinstance(dtype, pl.List | pl.Array):
+        return _has_binary(dtype.inner)
+    if isinstance(dtype, pl.Struct):
+        return any(_has_binary(field.dtype) for field in dtype.fields)
+    return False
+
+
+def _base64(expr: pl.Expr, dtype: pl.DataType) -> pl.Expr:
+    """`expr` with every binary value inside it base64-encoded (polars writes no binary JSON)."""
+    if dtype == pl.Binary:
+        return expr.bin.encode("base64")
+    if isinstance(dtype, pl.List):
+        return expr.list.eval(_base64(pl.element(), dtype.inner))
+    if isinstance(dtype, pl.Array):
+        return expr.arr.eval(_base64(pl.element(), dtype.inner))
+    if isinstance(dtype, pl.Struct):
+        return pl.struct(_base64(expr.struct.field(f.name), f.dtype).alias(f.name) for f in dtype.fields)
+    return expr

@@ -24,7 +24,15 @@ class ServeSettings:
     host: str = "127.0.0.1"
     http_port: int = 4318
     grpc_port: int | None = 4317  # None: no gRPC receiver
-    token: str | None = None  # None: OTEL_RL_TOKEN, else .otel_rl/token, else a new one written there
+    token: str | None = (
+        None  # None: token_file, else OTEL_RL_TOKEN(_FILE), else .otel_rl/token, else a new one
+    )
+    token_file: Path | None = None
+    public_docs: bool = False  # /docs, /redoc and /openapi.json without the admin token
+    public_metrics: bool = False  # the gateway's /metrics without the admin token
+    query_timeout_s: float = 10.0
+    query_max_bytes: int = 256 * 1024 * 1024
+    query_concurrency: int = 4
     max_body_bytes: int = 64 * 1024 * 1024
     # Gateway (docs/gateway.md): a local vLLM started for this model folder, and/or running vLLM servers.
     model: Path | None = None
@@ -38,17 +46,21 @@ class ServeSettings:
 
 def create_app(settings: ServeSettings):  # noqa: ANN201 - FastAPI, imported lazily to keep the CLI fast
     """The server's FastAPI app; opens the store now, starts gRPC with the app and closes both after it."""
-    from fastapi import FastAPI
+    from fastapi import Depends, FastAPI, Request
+    from fastapi.encoders import jsonable_encoder
+    from fastapi.exceptions import RequestValidationError
+    from fastapi.openapi.docs import get_redoc_html, get_swagger_ui_html
+    from fastapi.responses import HTMLResponse, JSONResponse
 
-    from otel_rl.auth import Auth, admin_token
+    from otel_rl.auth import Auth, admin_required, admin_token
     from otel_rl.collector.http import collector_router
     from otel_rl.collector.rewards import rewards_router
     from otel_rl.gateway.routes import ModelCallRoutes, gateway_router
-    from otel_rl.query_api import query_router
+    from otel_rl.query_api import QueryLimits, RunningQueries, query_router
     from otel_rl.store import Store
 
     store = Store(settings.db)
-    token, token_source = admin_token(settings.token)
+    token, token_source = admin_token(settings.token, explicit_file=settings.token_file)
     auth = Auth(store, token)
     gateway, local_vllm = _gateway(settings, store, auth)
 
@@ -78,21 +90,57 @@ def create_app(settings: ServeSettings):  # noqa: ANN201 - FastAPI, imported laz
     # would send every export's spans back to itself (and asked for the providers on every request: ~2% of
     # a gateway call's CPU).
     no_telemetry = {"tracing": False, "metrics": False, "logs": False}
-    app = FastAPI(title="otel-rl", lifespan=lifespan, telemetry=no_telemetry)
+    # The docs are served below, behind the admin token unless --public-docs: the API's shape is no secret,
+    # but a server reachable beyond its operators need not describe itself to anyone who asks.
+    app = FastAPI(
+        title="otel-rl",
+        lifespan=lifespan,
+        telemetry=no_telemetry,
+        docs_url=None,
+        redoc_url=None,
+        openapi_url=None,
+    )
     app.state.settings = settings
     app.state.store = store
     app.state.auth = auth
     app.state.token_source = token_source
     app.include_router(collector_router(store, auth, max_body_bytes=settings.max_body_bytes))
-    app.include_router(query_router(store, auth))
+    limits = QueryLimits(
+        timeout_s=settings.query_timeout_s,
+        max_result_bytes=settings.query_max_bytes,
+        max_concurrent=settings.query_concurrency,
+    )
+    app.state.queries = RunningQueries()
+    app.include_router(query_router(store, auth, limits, app.state.queries))
     app.include_router(rewards_router(store, auth))
     app.state.gateway = gateway
-    app.include_router(gateway_router(gateway))
+    app.include_router(gateway_router(gateway, public_metrics=settings.public_metrics))
     app.add_middleware(ModelCallRoutes, gateway=gateway)
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid_request(request: Request, exc: RequestValidationError) -> JSONResponse:
+        # FastAPI echoes each bad value in its 422, and one JSON cannot hold (a NaN reward) made it a 500.
+        errors = [{key: value for key, value in error.items() if key != "input"} for error in exc.errors()]
+        return JSONResponse({"detail": jsonable_encoder(errors)}, status_code=422)
+
+    docs_auth = [] if settings.public_docs else [Depends(admin_required(auth))]
+
+    @app.get("/openapi.json", include_in_schema=False, dependencies=docs_auth)
+    def openapi() -> JSONResponse:
+        return JSONResponse(app.openapi())
+
+    @app.get("/docs", include_in_schema=False, dependencies=docs_auth)
+    def swagger() -> HTMLResponse:
+        return get_swagger_ui_html(openapi_url="/openapi.json", title="otel-rl")
+
+    @app.get("/redoc", include_in_schema=False, dependencies=docs_auth)
+    def redoc() -> HTMLResponse:
+        return get_redoc_html(openapi_url="/openapi.json", title="otel-rl")
 
     @app.get("/healthz", tags=["health"])
     def healthz() -> dict:
-        return {"status": "ok", "db": str(store.path), "views": store.views}
+        # `writes`: why the store refuses writes now (a full disk), else null
+        return {"status": "ok", "db": str(store.path), "views": store.views, "writes": store.write_failure}
 
     return app
 
@@ -125,8 +173,29 @@ def serve(
     grpc_port: Annotated[int, typer.Option(help="OTLP/gRPC port")] = 4317,
     token: Annotated[
         str | None,
-        typer.Option(help="Admin bearer token [env OTEL_RL_TOKEN; else .otel_rl/token, made if absent]"),
+        typer.Option(
+            help="Admin bearer token (visible in `ps`: prefer --token-file) [env OTEL_RL_TOKEN; else "
+            "OTEL_RL_TOKEN_FILE; else .otel_rl/token, made if absent]"
+        ),
     ] = None,
+    token_file: Annotated[
+        Path | None, typer.Option(help="Read the admin token from this file [env OTEL_RL_TOKEN_FILE]")
+    ] = None,
+    public_docs: Annotated[
+        bool, typer.Option(help="Serve /docs, /redoc and /openapi.json without the admin token")
+    ] = False,
+    public_metrics: Annotated[
+        bool, typer.Option(help="Serve /metrics without the admin token (else scrape with it as a bearer)")
+    ] = False,
+    query_timeout: Annotated[
+        float, typer.Option(min=0.001, help="Seconds a /v1/query statement may run before it is stopped")
+    ] = 10.0,
+    query_max_bytes: Annotated[
+        int, typer.Option(min=1, help="Largest /v1/query result, in bytes of Arrow data")
+    ] = 256 * 1024 * 1024,
+    query_concurrency: Annotated[
+        int, typer.Option(min=1, help="/v1/query statements running at once (more wait briefly, then 429)")
+    ] = 4,
     model: Annotated[
         Path | None, typer.Option(help="Start a local vLLM server for this model folder behind the gateway")
     ] = None,
@@ -135,7 +204,11 @@ def serve(
         typer.Option(help="Let the local vLLM load LoRA adapters up to this rank (8, 16, 32, ...)"),
     ] = None,
     vllm: Annotated[
-        list[str] | None, typer.Option(help="URL of a running vLLM server behind the gateway (repeatable)")
+        list[str] | None,
+        typer.Option(
+            help="A running vLLM server behind the gateway: http://HOST:PORT, or its OpenAI base URL "
+            "http://HOST:PORT/v1 (repeatable)"
+        ),
     ] = None,
     forward_otlp: Annotated[
         str | None, typer.Option(help="Also send the gateway's spans to this OTLP/HTTP traces endpoint")
@@ -147,7 +220,10 @@ def serve(
         ),
     ] = None,
     upstream_timeout: Annotated[
-        float, typer.Option(help="Seconds a model call through the gateway may wait for vLLM")
+        float,
+        typer.Option(
+            help="Seconds a model call may wait for vLLM (also for a server that is down to come back)"
+        ),
     ] = 600.0,
     drain_timeout: Annotated[
         float, typer.Option(help="Seconds a weight reload lets calls in flight finish before aborting them")
@@ -163,6 +239,12 @@ def serve(
         http_port=http_port,
         grpc_port=grpc_port,
         token=token,
+        token_file=token_file,
+        public_docs=public_docs,
+        public_metrics=public_metrics,
+        query_timeout_s=query_timeout,
+        query_max_bytes=query_max_bytes,
+        query_concurrency=query_concurrency,
         model=model,
         lora_rank=lora_rank,
         vllm=tuple(vllm or ()),
@@ -171,7 +253,15 @@ def serve(
         upstream_timeout_s=upstream_timeout,
         drain_timeout_s=drain_timeout,
     )
-    app = create_app(settings)
+    from otel_rl.store.wal import StoreDamaged
+
+    try:
+        app = create_app(settings)
+    except StoreDamaged as damaged:  # what is lost and the commands to run, without a traceback
+        Console(stderr=True).print(f"[red]error:[/] {damaged}")
+        raise typer.Exit(1) from None
+    except ValueError as error:  # its message starts with the flag it is about (--vllm, --token-file)
+        raise typer.BadParameter(str(error)) from None
     console = Console(stderr=True)
     console.print(
         f"otel-rl serving [bold]{settings.db}[/]: OTLP/HTTP, query, rewards on http://{host}:{http_port}, "
@@ -181,7 +271,21 @@ def serve(
     local = f" (starting vLLM for {settings.model})" if settings.model else ""
     console.print(f"gateway on http://{host}:{http_port}/v1 → vLLM {servers}{local}")
     # uvicorn turns SIGINT/SIGTERM into a clean shutdown; the lifespan then stops gRPC and closes the store.
-    uvicorn.run(app, host=host, port=http_port, log_level="warning", access_log=False)
+    config = uvicorn.Config(app, host=host, port=http_port, log_level="warning", access_log=False)
+    _uvicorn_server(config, on_exit=app.state.queries.stop_all).run()
+
+
+def _uvicorn_server(config, *, on_exit):  # noqa: ANN001, ANN202 - uvicorn is imported lazily
+    """A uvicorn server that calls `on_exit` as soon as it is told to stop."""
+    import uvicorn
+
+    class Server(uvicorn.Server):
+        # uvicorn waits for requests in flight before the lifespan's shutdown: a query would hold it.
+        def handle_exit(self, sig: int, frame) -> None:  # noqa: ANN001
+            on_exit()
+            super().handle_exit(sig, frame)
+
+    return Server(config)
 
 
 def _json_option(flag: str, value: str | None) -> dict | None:

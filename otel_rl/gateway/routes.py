@@ -2,15 +2,16 @@
 
 from pathlib import Path
 
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from pydantic import BaseModel
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from otel_rl.attributes import ATTEMPT_ID, GROUP_ID, SPLIT, TASK_ID
-from otel_rl.auth import Forbidden, Unauthorized
+from otel_rl.auth import Forbidden, Unauthorized, admin_required
 from otel_rl.gateway.proxy import CallError, Gateway, error_body
 from otel_rl.gateway.reload import ReloadRejected
+from otel_rl.store import Saturated, StoreUnavailable
 
 
 class RolloutKeyRequest(BaseModel):
@@ -60,9 +61,13 @@ class ModelCallRoutes:
         await response(scope, receive, send)
 
 
-def gateway_router(gateway: Gateway) -> APIRouter:
-    """The gateway's other routes, to include in the `otel-rl serve` app (with ModelCallRoutes)."""
+def gateway_router(gateway: Gateway, *, public_metrics: bool = False) -> APIRouter:
+    """The gateway's other routes, to include in the `otel-rl serve` app (with ModelCallRoutes).
+
+    The admin routes (and /metrics unless `public_metrics`) check the admin token before their body.
+    """
     router = APIRouter()
+    admin = [Depends(admin_required(gateway.auth))]
 
     @router.get("/v1/models")
     async def models(request: Request) -> Response:
@@ -74,12 +79,9 @@ def gateway_router(gateway: Gateway) -> APIRouter:
         except Unauthorized as error:
             return _refusal(error)
 
-    @router.post("/v1/admin/rollouts/{rollout_id}/key")
-    async def issue_rollout_key(
-        rollout_id: str, request: Request, body: RolloutKeyRequest | None = None
-    ) -> Response:
+    @router.post("/v1/admin/rollouts/{rollout_id}/key", dependencies=admin)
+    async def issue_rollout_key(rollout_id: str, body: RolloutKeyRequest | None = None) -> Response:
         try:
-            gateway.auth.require_admin(request.headers.get("authorization"))
             given = body or RolloutKeyRequest()
             identity = gateway.identities.register(
                 rollout_id,
@@ -91,16 +93,15 @@ def gateway_router(gateway: Gateway) -> APIRouter:
                 },
             )
             key = gateway.auth.issue_rollout_key(rollout_id)
-        except (Unauthorized, Forbidden, ValueError) as error:
+        except ValueError as error:
             return _refusal(error)
+        except (Saturated, StoreUnavailable) as error:  # the key's hash could not be stored: retry later
+            content = error_body(503, str(error), "ServiceUnavailableError")
+            return Response(content, 503, headers={"Retry-After": "1"}, media_type="application/json")
         return JSONResponse({"rollout_id": rollout_id, "key": key, "identity": identity})
 
-    @router.get("/v1/admin/policy")
-    async def current_policy(request: Request) -> Response:
-        try:
-            gateway.auth.require_admin(request.headers.get("authorization"))
-        except (Unauthorized, Forbidden) as error:
-            return _refusal(error)
+    @router.get("/v1/admin/policy", dependencies=admin)
+    async def current_policy() -> Response:
         policy = gateway.coordinator.policy
         servers = [
             {"url": s.url, "available": s.available, "healthy": s.healthy, "out_reason": s.out_reason}
@@ -117,10 +118,9 @@ def gateway_router(gateway: Gateway) -> APIRouter:
             }
         )
 
-    @router.post("/v1/admin/policy")
-    async def reload_policy(update: PolicyUpdate, request: Request) -> Response:
+    @router.post("/v1/admin/policy", dependencies=admin)
+    async def reload_policy(update: PolicyUpdate) -> Response:
         try:
-            gateway.auth.require_admin(request.headers.get("authorization"))
             folder = update.checkpoint or update.lora_adapter
             if folder is not None and not Path(folder).is_dir():
                 raise ValueError(f"no such folder on the gateway's machine: {folder}")
@@ -129,12 +129,12 @@ def gateway_router(gateway: Gateway) -> APIRouter:
             )
         except ReloadRejected as error:
             return JSONResponse({"error": {"message": str(error), "type": "Conflict", "code": 409}}, 409)
-        except (Unauthorized, Forbidden, ValueError) as error:
+        except ValueError as error:
             return _refusal(error)
         # Some servers taken out: still 200 (the new version is live), the failures are in the body.
         return JSONResponse(result.to_json(), 200 if result.ok else 502)
 
-    @router.get("/metrics")
+    @router.get("/metrics", dependencies=[] if public_metrics else admin)
     async def metrics() -> Response:
         return PlainTextResponse(
             gateway.metrics.render(gateway.coordinator, gateway.pool), media_type="text/plain; version=0.0.4"

@@ -137,12 +137,15 @@ def log_exporter(endpoint: str | None) -> LogRecordExporter:
 
 def exporter_headers(environ: Mapping[str, str], token_file: Path = TOKEN_FILE) -> dict[str, str] | None:
     """Headers for the exporters. None lets them read OTEL_EXPORTER_OTLP_HEADERS themselves; when those
-    carry no `authorization`, add `Bearer <token>` from OTEL_RL_TOKEN, else from the local server's token
-    file (as `otel-rl sql` does)."""
+    carry no `authorization`, add `Bearer <token>` from OTEL_RL_TOKEN or OTEL_RL_TOKEN_FILE, else from the
+    local server's token file (as `otel-rl sql` does)."""
+    from otel_rl.auth import read_token_file, token_from_environment
+
     headers = parse_env_headers(environ.get("OTEL_EXPORTER_OTLP_HEADERS", ""), liberal=True)
     if "authorization" in headers:
         return None
-    token = environ.get("OTEL_RL_TOKEN") or (token_file.read_text().strip() if token_file.is_file() else None)
+    found = token_from_environment(environ)
+    token = found[0] if found else (read_token_file(token_file) if token_file.is_file() else None)
     return headers | {"authorization": f"Bearer {token}"} if token else None
 
 

@@ -1,7 +1,7 @@
 """The durable DuckDB store of raw OTLP tables and normalized views."""
 
-from otel_rl.store.readonly import ReadOnlyViolation
+from otel_rl.store.sandbox import ReadOnlyViolation
 from otel_rl.store.store import IngestResult, Store
-from otel_rl.store.writer import Saturated, StoreClosed
+from otel_rl.store.writer import Saturated, StoreClosed, StoreUnavailable
 
-__all__ = ["IngestResult", "ReadOnlyViolation", "Saturated", "Store", "StoreClosed"]
+__all__ = ["IngestResult", "ReadOnlyViolation", "Saturated", "Store", "StoreClosed", "StoreUnavailable"]

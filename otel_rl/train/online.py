@@ -252,18 +252,16 @@ def _raise_for_status(response: httpx.Response, action: str) -> None:
 
 
 def server_token(config: TrainConfig) -> str:
-    """The admin token: the config's, else OTEL_RL_TOKEN, else the file `otel-rl serve` wrote."""
-    from otel_rl.auth import TOKEN_FILE
+    """The admin token: the config's, else OTEL_RL_TOKEN or OTEL_RL_TOKEN_FILE, else the server's file."""
+    from otel_rl.auth import TOKEN_FILE, client_token
 
-    if config.server.token:
-        return config.server.token
-    if os.environ.get("OTEL_RL_TOKEN"):
-        return os.environ["OTEL_RL_TOKEN"]
-    if TOKEN_FILE.is_file():
-        return TOKEN_FILE.read_text().strip()
-    raise ConfigError(
-        f"no server token: set server.token, OTEL_RL_TOKEN, or run `otel-rl serve` here ({TOKEN_FILE})"
-    )
+    token = client_token(config.server.token)
+    if token is None:
+        raise ConfigError(
+            "no server token: set server.token, OTEL_RL_TOKEN or OTEL_RL_TOKEN_FILE, "
+            f"or run `otel-rl serve` here ({TOKEN_FILE})"
+        )
+    return token
 
 
 # --- records --------------------------------------------------------------------------------------------
