@@ -6,6 +6,7 @@ from otel_rl.demo import demo_command
 from otel_rl.gateway.vllm import vllm_app
 from otel_rl.query import sql_command
 from otel_rl.server import serve
+from otel_rl.store.cli import store_app
 from otel_rl.tinymodel import model_app
 from otel_rl.train.cli import train_command
 from otel_rl.transforms.cli import export_app
@@ -25,5 +26,6 @@ app.command("sql")(sql_command)
 app.add_typer(model_app, name="model")
 app.add_typer(vllm_app, name="vllm")
 app.add_typer(export_app, name="export")
+app.add_typer(store_app, name="store")
 app.command("train")(train_command)
 app.command("demo")(demo_command)

@@ -43,7 +43,7 @@ def held_writer(tmp_path):
             cursor.register("batch", batch)
             cursor.execute(f"INSERT INTO {table} SELECT * FROM batch")
 
-    writer = GroupCommitWriter(con.cursor(), insert, max_pending_bytes=1000)
+    writer = GroupCommitWriter(con.cursor(), insert, max_pending_bytes=1000, reopen=con.cursor)
     yield writer, con, entered, release
     release.set()
     writer.close()

@@ -11,7 +11,8 @@ from google.rpc.error_details_pb2 import RetryInfo
 from otel_rl.auth import Auth, Unauthorized
 from otel_rl.collector.decode import REQUEST_TYPES, DecodeError, Signal, parse_protobuf
 from otel_rl.collector.export import prepare_export
-from otel_rl.store import Saturated, Store, StoreClosed
+from otel_rl.store import Saturated, Store
+from otel_rl.store.writer import StoreUnavailable
 
 log = logging.getLogger(__name__)
 
@@ -65,8 +66,8 @@ def _export_handler(store: Store, auth: Auth, signal: Signal) -> Callable:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
         except Saturated as exc:
             _abort_retryable(context, grpc.StatusCode.RESOURCE_EXHAUSTED, str(exc), exc.retry_after)
-        except StoreClosed as exc:
-            _abort_retryable(context, grpc.StatusCode.UNAVAILABLE, str(exc), 1.0)
+        except StoreUnavailable as exc:  # a full disk, an I/O error, or shutting down: retried
+            _abort_retryable(context, grpc.StatusCode.UNAVAILABLE, str(exc), exc.retry_after)
         except Exception as exc:
             log.exception("OTLP/gRPC export failed")
             context.abort(

@@ -6,7 +6,9 @@ from dataclasses import dataclass
 
 from anyio import CapacityLimiter, to_thread
 from fastapi import APIRouter, Request, Response
+from google.protobuf.duration_pb2 import Duration
 from google.rpc import code_pb2, status_pb2
+from google.rpc.error_details_pb2 import RetryInfo
 
 from otel_rl.auth import Auth, Unauthorized
 from otel_rl.collector.decode import (
@@ -21,12 +23,12 @@ from otel_rl.collector.decode import (
     parse_request,
 )
 from otel_rl.collector.export import PreparedExport, prepare_export
-from otel_rl.store import Saturated, Store, StoreClosed
+from otel_rl.store import Saturated, Store
+from otel_rl.store.writer import StoreUnavailable
 
 log = logging.getLogger(__name__)
 
 DEFAULT_MAX_BODY_BYTES = 64 * 1024 * 1024
-RETRY_AFTER_SECONDS = 1
 # google.rpc.Code of each error status, for the Status body that OTLP/HTTP error replies carry.
 _RPC_CODES = {
     400: code_pb2.INVALID_ARGUMENT,
@@ -116,8 +118,8 @@ def _as_failure(exc: Exception) -> HTTPFailure:
         return HTTPFailure(400, str(exc))
     if isinstance(exc, Saturated):
         return HTTPFailure(429, str(exc), retry_after=exc.retry_after)
-    if isinstance(exc, StoreClosed):
-        return HTTPFailure(503, str(exc), retry_after=RETRY_AFTER_SECONDS)
+    if isinstance(exc, StoreUnavailable):  # a full disk, an I/O error, or shutting down: retried
+        return HTTPFailure(503, str(exc), retry_after=exc.retry_after)
     log.exception("OTLP export failed")
     return HTTPFailure(500, f"the export could not be stored: {type(exc).__name__}: {exc}")
 
@@ -125,8 +127,11 @@ def _as_failure(exc: Exception) -> HTTPFailure:
 def _error_response(failure: HTTPFailure, encoding: Encoding) -> Response:
     """An OTLP error reply: a google.rpc.Status in the request's encoding."""
     status = status_pb2.Status(code=_RPC_CODES.get(failure.status, code_pb2.UNKNOWN), message=failure.message)
-    content, media_type = encode_response(status, encoding)
     headers = {}
     if failure.retry_after is not None:
-        headers["Retry-After"] = str(max(1, round(failure.retry_after)))
+        seconds = max(1, round(failure.retry_after))
+        headers["Retry-After"] = str(seconds)
+        # The delay in the body too, as gRPC carries it (OTLP's Status details): either is read by exporters.
+        status.details.add().Pack(RetryInfo(retry_delay=Duration(seconds=seconds)))
+    content, media_type = encode_response(status, encoding)
     return Response(content, status_code=failure.status, media_type=media_type, headers=headers)

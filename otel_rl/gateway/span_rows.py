@@ -32,7 +32,7 @@ from otel_rl.collector.flatten import (
     rows_table,
 )
 from otel_rl.gateway.recording import CallRecord, call_attributes, span_name, token_arrays
-from otel_rl.store.writer import Saturated
+from otel_rl.store.writer import Saturated, StoreClosed, StoreUnavailable
 
 log = logging.getLogger(__name__)
 
@@ -40,6 +40,8 @@ log = logging.getLogger(__name__)
 HAS_IS_REMOTE, IS_REMOTE = 0x100, 0x200
 CLIENT, ERROR = 3, 2  # OTLP SpanKind, StatusCode
 _SCOPE = InstrumentationScope(GATEWAY_SCOPE)
+# Spans held while the store cannot write (a full disk), oldest dropped first: ~50 MB at a few KB a call.
+MAX_HELD_SPANS = 20_000
 
 
 class CallSpanWriter:
@@ -176,8 +178,26 @@ class CallSpanWriter:
                 except Saturated:  # the store's queue is full: wait, as an in-process producer
                     time.sleep(0.01)
             future.result()
+        except StoreUnavailable as error:
+            # The callers already have their answers: keep the spans (a bounded number) for the next flush,
+            # when the disk may have room again, rather than leave holes in their rollouts.
+            self._hold(rows, tokens, error)
         except Exception:  # the thread must survive a store error; the spans are lost, loudly
             log.exception("the store refused %d gateway spans", len(rows))
+
+    def _hold(self, rows: list[tuple], tokens: list, error: StoreUnavailable) -> None:
+        if isinstance(error, StoreClosed):
+            log.error("the store closed before %d gateway spans could be written", len(rows))
+            return
+        with self._lock:
+            self._rows, self._tokens = rows + self._rows, tokens + self._tokens
+            dropped = len(self._rows) - MAX_HELD_SPANS
+            if dropped > 0:
+                kept = {(row[0], row[1]) for row in self._rows[dropped:]}  # (trace_id, span_id)
+                self._rows = self._rows[dropped:]
+                self._tokens = [t for t in self._tokens if (t.trace_id, t.span_id) in kept]
+        if dropped > 0:
+            log.error("the store cannot write (%s): dropped the %d oldest gateway spans held", error, dropped)
 
 
 def _random_id(bits: int) -> int:

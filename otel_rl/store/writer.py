@@ -3,6 +3,7 @@
 import contextlib
 import logging
 import threading
+import time
 from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass
@@ -18,6 +19,12 @@ Batch = dict[str, pa.Table]  # raw table name -> rows for it
 # and checkpoints took 0.013 CPU-s per 1,000 spans, with 256 MB 0.009. The price: up to this much WAL to
 # replay when the store is opened after a crash.
 CHECKPOINT_THRESHOLD = "256MB"
+# After a write fails for lack of space (or another I/O error), writes are refused at once for this long,
+# then the next group is tried again: a full disk costs one failed commit a second, not one per request.
+RETRY_AFTER_S = 1.0
+# DuckDB 2.0.1's words for a COMMIT whose WAL write was synced but whose automatic checkpoint then failed:
+# the rows are on disk, but the database is invalidated until it is reopened.
+_DURABLE_BUT_CHECKPOINT_FAILED = "COMMIT succeeded and is durable"
 
 
 class Saturated(RuntimeError):
@@ -28,8 +35,28 @@ class Saturated(RuntimeError):
         self.retry_after = retry_after
 
 
-class StoreClosed(RuntimeError):
+class StoreUnavailable(RuntimeError):
+    """The store cannot write now: a full disk or an I/O error (HTTP 503 + Retry-After, gRPC UNAVAILABLE).
+
+    Nothing of the refused write was stored; the same write succeeds once the cause is gone."""
+
+    def __init__(self, message: str, retry_after: float = RETRY_AFTER_S) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after
+
+
+class StoreClosed(StoreUnavailable):
     """The store is shutting down and takes no more writes (HTTP 503, gRPC UNAVAILABLE)."""
+
+
+def is_storage_failure(exc: BaseException) -> bool:
+    """Whether a write failed for the storage's sake (space, I/O, an invalidated database), not the data's."""
+    if isinstance(exc, StoreUnavailable | OSError | duckdb.IOException | duckdb.FatalException):
+        return True
+    text = str(exc)
+    return isinstance(exc, duckdb.Error) and (
+        "Could not write file" in text or "No space left on device" in text or "invalidated" in text
+    )
 
 
 @dataclass
@@ -46,6 +73,10 @@ class GroupCommitWriter:
     `insert(con, {table_name: arrow_table}, dedup=...)` does the inserts (with their dedup, for batches
     submitted with it); the writer owns transactions.
     DuckDB writes and syncs its WAL on COMMIT, so a resolved future means the rows are on disk.
+
+    A write that fails for the storage's sake fails its group with `StoreUnavailable`, and for RETRY_AFTER_S
+    every submit is refused at once; then writes are tried again. When DuckDB has invalidated the database
+    (a failed checkpoint), `reopen()` gives the writer a new connection to the store (closing the old one).
     """
 
     def __init__(
@@ -54,14 +85,18 @@ class GroupCommitWriter:
         insert: Callable[..., None],
         *,
         max_pending_bytes: int,
+        reopen: Callable[[], duckdb.DuckDBPyConnection],
     ) -> None:
         self._con = con
-        self._con.execute(f"SET checkpoint_threshold = '{CHECKPOINT_THRESHOLD}'")
         self._insert = insert
+        self._reopen = reopen
         self._max_pending_bytes = max_pending_bytes
         self._pending: list[_Pending] = []
         self._pending_bytes = 0
         self._closing = False
+        self._failure: str | None = None  # why writes fail, from the last failed one until one succeeds
+        self._refuse_until = 0.0  # time.monotonic() until which submits are refused at once
+        self._reopen_needed = False
         self.commits = 0  # transactions committed so far (each holds one or more batches)
         self._wake = threading.Condition()
         self._thread = threading.Thread(target=self._run, name="otel-rl-store-writer", daemon=True)
@@ -74,6 +109,8 @@ class GroupCommitWriter:
         with self._wake:
             if self._closing:
                 raise StoreClosed("the store is closing and accepts no more writes")
+            if self._failure is not None and time.monotonic() < self._refuse_until:
+                raise StoreUnavailable(self._failure)
             # One batch is always accepted into an empty queue, however large, so that it can make progress.
             if self._pending and self._pending_bytes + nbytes > self._max_pending_bytes:
                 raise Saturated(
@@ -83,6 +120,11 @@ class GroupCommitWriter:
             self._pending_bytes += nbytes
             self._wake.notify()
         return done
+
+    @property
+    def failure(self) -> str | None:
+        """Why writes are failing (a full disk...), until one succeeds again; None while they work."""
+        return self._failure
 
     def close(self) -> None:
         """Write what is pending, then stop the writer thread."""
@@ -105,9 +147,17 @@ class GroupCommitWriter:
             self._commit_group([item for item in group if item.done.set_running_or_notify_cancel()])
 
     def _commit_group(self, group: list[_Pending]) -> None:
+        if self._failure is not None and time.monotonic() < self._refuse_until:
+            self._fail(group, StoreUnavailable(self._failure))  # queued before the failure: as if refused
+            return
         try:
+            if self._reopen_needed:
+                self._reopen_store()
             self._write(group)
         except Exception as exc:
+            if is_storage_failure(exc):
+                self._storage_failed(group, exc)
+                return
             if len(group) == 1:
                 log.error("store write failed: %s", exc)
                 group[0].done.set_exception(exc)
@@ -116,8 +166,46 @@ class GroupCommitWriter:
             for item in group:
                 self._commit_group([item])
             return
+        if self._failure is not None:
+            log.warning("the store writes again (after: %s)", self._failure)
+            self._failure = None
         for item in group:
             item.done.set_result(None)
+        if self._reopen_needed:  # committed, then invalidated: reopen now, so that reads work again
+            self._try_reopen()
+
+    def _storage_failed(self, group: list[_Pending], exc: Exception) -> None:
+        """Fail the group (no splitting: its neighbours would fail alike) and refuse writes for a while."""
+        if self._failure is None:  # one log line per outage, not one per refused request
+            log.error("store writes fail, exports get 503 until they work again: %s", exc)
+        # Clients hear the cause, not the server's paths; the log has the whole error.
+        cause = "No space left on device" if "No space left on device" in str(exc) else "an I/O error"
+        self._failure = f"the store cannot write now ({cause}); nothing of this write was stored, retry later"
+        self._refuse_until = time.monotonic() + RETRY_AFTER_S
+        if "invalidated" in str(exc):
+            self._reopen_needed = True
+        self._fail(group, StoreUnavailable(self._failure))
+        if self._reopen_needed:
+            self._try_reopen()
+
+    def _reopen_store(self) -> None:
+        try:
+            self._con = self._reopen()
+        except Exception as exc:
+            raise StoreUnavailable(f"the store could not be reopened ({exc}); retry later") from exc
+        self._reopen_needed = False
+        log.warning("the store was reopened after DuckDB invalidated it")
+
+    def _try_reopen(self) -> None:
+        try:
+            self._reopen_store()
+        except StoreUnavailable as exc:
+            log.error("%s: tried again with the next write", exc)
+
+    @staticmethod
+    def _fail(group: list[_Pending], exc: Exception) -> None:
+        for item in group:
+            item.done.set_exception(exc)
 
     def _write(self, group: list[_Pending]) -> None:
         parts: dict[tuple[bool, str], list[pa.Table]] = {}
@@ -138,7 +226,13 @@ class GroupCommitWriter:
                 }
                 if tables:
                     self._insert(con, tables, dedup=dedup)
-            con.execute("COMMIT")
+            try:
+                con.execute("COMMIT")
+            except duckdb.Error as exc:
+                if _DURABLE_BUT_CHECKPOINT_FAILED not in str(exc):
+                    raise
+                log.error("a commit is durable but the checkpoint after it failed: %s", exc)
+                self._reopen_needed = True
             self.commits += 1
         except Exception:
             # A failed COMMIT has already ended the transaction; only roll back one that is still open.
