@@ -22,7 +22,11 @@ EVALUATION_NAME = "gen_ai.evaluation.name"
 EVALUATION_SCORE_VALUE = "gen_ai.evaluation.score.value"
 EVALUATION_SCORE_LABEL = "gen_ai.evaluation.score.label"
 EVALUATION_EXPLANATION = "gen_ai.evaluation.explanation"
-REWARD_SOURCE = "otel_rl.reward.source"  # who produced the reward: "grader", "harness", "http", ...
+REWARD_SOURCE = "otel_rl.reward.source"  # who produced the reward: "grader", "harness", ...
+# The source of every reward sent with a rollout key (the collector rewrites what its sender wrote: the agent
+# must not pass its own reward off as a grader's), and the default of POST /v1/rewards (admin token only).
+REWARD_SOURCE_HARNESS = "harness"
+REWARD_SOURCE_GRADER = "grader"
 
 # Token data written by the gateway on its span for each call. Packed arrays: little-endian
 # int32 ids, float32 logprobs (as OTLP bytes values); {i} is the choice index.

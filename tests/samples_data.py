@@ -85,6 +85,8 @@ REWARDS_SCHEMA = pl.Schema(
         "source": pl.String,
         "origin": pl.String,
         "time": pl.Datetime("us", "UTC"),
+        "received_at": pl.Datetime("us", "UTC"),
+        "seq": pl.UInt64,
     }
 )
 
@@ -143,7 +145,7 @@ def rollouts_frame(*rows: tuple[str, str | None, str]) -> pl.DataFrame:
 
 
 def rewards_frame(*rows: tuple[str, float], source: str = "grader", name: str = "outcome") -> pl.DataFrame:
-    """Outcome rewards: rows of (rollout_id, value), in time order."""
+    """Outcome rewards: rows of (rollout_id, value), in time order (as received, logs numbered in order)."""
     return pl.DataFrame(
         [
             {
@@ -154,6 +156,8 @@ def rewards_frame(*rows: tuple[str, float], source: str = "grader", name: str = 
                 "source": source,
                 "origin": "log",
                 "time": datetime.fromtimestamp(1000 + i, UTC),
+                "received_at": datetime.fromtimestamp(1000 + i, UTC),
+                "seq": i,
             }
             for i, (r, v) in enumerate(rows)
         ],

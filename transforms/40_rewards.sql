@@ -5,7 +5,7 @@
 -- them; rollouts reads the outcome records through the same fields.
 CREATE OR REPLACE VIEW reward_records AS
 WITH span_events AS (
-    SELECT s.trace_id, s.span_id, e.event
+    SELECT s.trace_id, s.span_id, s.received_at, e.event
     FROM spans s, unnest(json_extract(s.events, '$[*]')) AS e(event)
     -- a cheap text test first, so that only spans carrying the event have their events parsed
     WHERE contains(s.events::VARCHAR, 'gen_ai.evaluation.result')
@@ -18,6 +18,8 @@ evaluations AS (
         json_extract(event, 'attributes') AS attributes,
         NULL::JSON AS resource_attributes,
         ns_time(TRY_CAST(event ->> 'time_unix_nano' AS UBIGINT)) AS time,
+        received_at,
+        NULL::UBIGINT AS seq,
         'span_event' AS origin
     FROM span_events
     UNION ALL
@@ -27,6 +29,8 @@ evaluations AS (
         attributes,
         resource_attributes,
         ns_time(coalesce(nullif(time_unix_nano, 0), observed_time_unix_nano)) AS time,
+        received_at,
+        seq,
         'log' AS origin
     FROM logs
     WHERE event_name = 'gen_ai.evaluation.result'
@@ -37,12 +41,18 @@ SELECT
     trace_id,
     span_id,
     attributes ->> 'gen_ai.evaluation.name' AS name,
-    TRY_CAST(attributes ->> 'gen_ai.evaluation.score.value' AS DOUBLE) AS value,
+    -- NaN and infinities are refused at ingest; text such as 'inf' stored before that reads as no value
+    CASE WHEN isfinite(TRY_CAST(attributes ->> 'gen_ai.evaluation.score.value' AS DOUBLE))
+         THEN TRY_CAST(attributes ->> 'gen_ai.evaluation.score.value' AS DOUBLE) END AS value,
     attributes ->> 'gen_ai.evaluation.score.label' AS label,
     attributes ->> 'gen_ai.evaluation.explanation' AS explanation,
     attributes ->> 'otel_rl.reward.source' AS source,
     origin,
-    time
+    -- the sender's time, for display; "latest" is by the server's receive order (received_at, then seq),
+    -- which no sender's clock can move
+    time,
+    received_at,
+    seq
 FROM evaluations;
 
 CREATE OR REPLACE VIEW rewards AS
@@ -54,14 +64,24 @@ identity AS MATERIALIZED (
 ),
 -- Rewards on a client call span that a gateway row superseded belong to the gateway's llm_calls row.
 call_spans AS (
-    SELECT trace_id, span_id,
+    SELECT trace_id, span_id, rollout_id,
            coalesce(gateway_call.trace_id, trace_id) AS call_trace_id,
            coalesce(gateway_call.span_id, span_id) AS call_span_id
     FROM llm_call_index
+),
+-- Placed: the record's own rollout id, else its span's, else its trace's when the trace has one rollout.
+placed AS (
+    SELECT r.* REPLACE (coalesce(r.rollout_id, i.rollout_id, t.rollout_id) AS rollout_id)
+    FROM reward_records r
+    LEFT JOIN identity i ON i.trace_id = r.trace_id AND i.span_id = r.span_id
+    -- a log record may name only its trace (or a span not stored yet)
+    LEFT JOIN (SELECT trace_id, any_value(rollout_id) AS rollout_id FROM identity
+               WHERE rollout_id IS NOT NULL GROUP BY trace_id HAVING count(DISTINCT rollout_id) = 1)
+        t ON t.trace_id = r.trace_id
 )
 
 SELECT
-    coalesce(r.rollout_id, i.rollout_id, t.rollout_id) AS rollout_id,
+    r.rollout_id,
     coalesce(c.call_trace_id, r.trace_id) AS trace_id,
     coalesce(c.call_span_id, r.span_id) AS span_id,
     CASE WHEN c.span_id IS NOT NULL THEN 'turn' ELSE 'outcome' END AS level,
@@ -71,10 +91,11 @@ SELECT
     r.explanation,
     r.source,
     r.origin,
-    r.time
-FROM reward_records r
+    r.time,
+    r.received_at,
+    r.seq
+FROM placed r
+-- a turn reward only on a call of its own rollout: a record naming one rollout and parented to another's
+-- call (a rollout key's, sent with another rollout's span id) stays its own rollout's outcome-level row
 LEFT JOIN call_spans c ON c.trace_id = r.trace_id AND c.span_id = r.span_id
-LEFT JOIN identity i ON i.trace_id = r.trace_id AND i.span_id = r.span_id
--- a log record may name only its trace (or a span not stored yet): any identity of that trace
-LEFT JOIN (SELECT trace_id, any_value(rollout_id) AS rollout_id FROM identity
-           WHERE rollout_id IS NOT NULL GROUP BY trace_id) t ON t.trace_id = r.trace_id;
+    AND c.rollout_id IS NOT DISTINCT FROM r.rollout_id;

@@ -70,19 +70,21 @@ calls AS (
     GROUP BY rollout_id
 ),
 -- The rewards view's outcome rows (40_rewards.sql places them the same way: the record's rollout id, else its
--- span's, else any of its trace's; outcome when not on a call span), read from the relations above: the
--- rewards view would compute span_identity and llm_call_index again.
+-- span's, else its trace's when the trace has one rollout; outcome when not on a call span of that rollout),
+-- read from the relations above: the rewards view would compute span_identity and llm_call_index again.
+-- The latest by the server's receive order, never by the sender's clock.
 outcomes AS (
-    SELECT rollout_id, arg_max(value, time) AS outcome_reward
+    SELECT rollout_id, arg_max(value, {'received_at': received_at, 'seq': coalesce(seq, 0)}) AS outcome_reward
     FROM (
-        SELECT coalesce(r.rollout_id, i.rollout_id, t.rollout_id) AS rollout_id, r.value, r.time
+        SELECT r.* REPLACE (coalesce(r.rollout_id, i.rollout_id, t.rollout_id) AS rollout_id)
         FROM reward_records r
         LEFT JOIN rollout_spans i ON i.trace_id = r.trace_id AND i.span_id = r.span_id
-        LEFT JOIN (SELECT trace_id, any_value(rollout_id) AS rollout_id FROM rollout_spans GROUP BY trace_id)
-            t ON t.trace_id = r.trace_id
-        ANTI JOIN call_index c ON c.trace_id = r.trace_id AND c.span_id = r.span_id
+        LEFT JOIN (SELECT trace_id, any_value(rollout_id) AS rollout_id FROM rollout_spans GROUP BY trace_id
+                   HAVING count(DISTINCT rollout_id) = 1) t ON t.trace_id = r.trace_id
         WHERE r.name = 'outcome'
-    )
+    ) r
+    ANTI JOIN call_index c ON c.trace_id = r.trace_id AND c.span_id = r.span_id
+        AND c.rollout_id IS NOT DISTINCT FROM r.rollout_id
     GROUP BY rollout_id
 )
 
@@ -102,7 +104,8 @@ SELECT
     ca.exit_code,
     ns_time(s.start_time_unix_nano) AS started_at,
     ns_time(s.end_time_unix_nano) AS ended_at,
-    (s.end_time_unix_nano - s.start_time_unix_nano) / 1e6 AS duration_ms,
+    -- greatest(): rows stored before ingest set an end before its start to the start
+    (greatest(s.end_time_unix_nano, s.start_time_unix_nano) - s.start_time_unix_nano) / 1e6 AS duration_ms,
     coalesce(c.n_calls, 0) AS n_calls,
     coalesce(c.n_error_calls, 0) AS n_error_calls,
     o.outcome_reward,

@@ -1,12 +1,24 @@
 """One OTLP export, whatever the transport: scope it to the caller's rollout, flatten, and build the reply."""
 
-from collections.abc import Iterable, Iterator, MutableSequence
+import math
+from collections import Counter
+from collections.abc import Callable, Iterator, MutableSequence
 from dataclasses import dataclass
 
-from opentelemetry.proto.common.v1.common_pb2 import KeyValue
+from google.protobuf.message import Message
+from opentelemetry.proto.common.v1.common_pb2 import AnyValue
+from opentelemetry.proto.logs.v1.logs_pb2 import LogRecord
 from opentelemetry.proto.resource.v1.resource_pb2 import Resource
+from opentelemetry.proto.trace.v1.trace_pb2 import Span
 
-from otel_rl.attributes import ROLLOUT_ID
+from otel_rl.attributes import (
+    EVALUATION_EVENT,
+    EVALUATION_SCORE_VALUE,
+    IDENTITY_KEYS,
+    REWARD_SOURCE,
+    REWARD_SOURCE_HARNESS,
+    ROLLOUT_ID,
+)
 from otel_rl.auth import Principal
 from otel_rl.collector.decode import RESPONSE_TYPES, DecodeError, ExportRequest, ExportResponse, Signal
 from otel_rl.store import Store
@@ -18,6 +30,10 @@ _REJECTED_FIELD: dict[Signal, str] = {
     "logs": "rejected_log_records",
     "metrics": "rejected_data_points",
 }
+_IDENTITY = frozenset(IDENTITY_KEYS)
+# A refusal's reason quotes what the sender wrote: bounded, so that the reply stays small whatever it sent.
+_QUOTED_CHARS = 64
+_REASONS_SHOWN = 5
 
 
 @dataclass(frozen=True)
@@ -31,22 +47,21 @@ class PreparedExport:
 def prepare_export(
     store: Store, signal: Signal, request: ExportRequest, principal: Principal
 ) -> PreparedExport:
-    """Rows and response of an export; a rollout-scoped caller's records for other rollouts are rejected."""
-    rejected = 0
-    if not principal.admin:
-        rejected = drop_other_rollouts(signal, request, principal.rollout_id or "")
+    """Rows and response of an export, without the records the caller may not send (see `refuse_records`)."""
+    refused = refuse_records(signal, request, principal)
     try:
         batch = _flatten(store, signal, request)
     except ValueError as exc:  # e.g. a packed token attribute whose length is not a multiple of 4
         raise DecodeError(f"{signal} request has invalid content: {exc}") from None
     response = RESPONSE_TYPES[signal]()
-    if rejected:
+    if refused:
         partial = response.partial_success
-        setattr(partial, _REJECTED_FIELD[signal], rejected)
-        partial.error_message = (
-            f"{rejected} record(s) rejected: they belong to another rollout than this key's "
-            f"({principal.rollout_id!r})"
-        )
+        total = sum(refused.values())
+        setattr(partial, _REJECTED_FIELD[signal], total)
+        reasons = "; ".join(f"{n} × {reason}" for reason, n in refused.most_common(_REASONS_SHOWN))
+        unshown = len(refused) - _REASONS_SHOWN
+        more = f"; and {unshown} other reason(s)" if unshown > 0 else ""
+        partial.error_message = f"{total} record(s) rejected: {reasons}{more}"
     return PreparedExport(batch=batch, response=response)
 
 
@@ -58,20 +73,45 @@ def _flatten(store: Store, signal: Signal, request: ExportRequest) -> Batch:
     return store.metrics_batch(request)
 
 
-def drop_other_rollouts(signal: Signal, request: ExportRequest, rollout_id: str) -> int:
-    """Remove records whose rollout id (own attributes, else resource) is not `rollout_id`; returns how many.
+def refuse_records(signal: Signal, request: ExportRequest, principal: Principal) -> Counter[str]:
+    """Remove from `request` the records `principal` may not send; returns how many for each reason.
 
-    Records that name no rollout are kept.
+    Anyone: a reward (`gen_ai.evaluation.result` log record or span event) whose value is NaN or infinite.
+    A rollout key, which may only add data to its own rollout: any record or resource whose identity
+    attributes (span, event, link, log record and data point attributes alike) are not strings, name another
+    rollout, or give a key twice with different values. The records it keeps cannot be placed into another
+    rollout by the views' trace inheritance, as each resource is stamped with the key's rollout id; and
+    their rewards are the harness's (`otel_rl.reward.source` rewritten), never a grader's.
     """
-    rejected = 0
+    refused: Counter[str] = Counter()
+    rollout_id = None if principal.admin else principal.rollout_id or ""
+    if rollout_id is None and signal == "metrics":  # the admin's data points carry no reward
+        return refused
+    check = _RECORD_CHECKS[signal]
     for resource, records in _record_lists(signal, request):
-        resource_rollout = _rollout_of(resource.attributes)
-        kept = [r for r in records if (_rollout_of(r.attributes) or resource_rollout) in (None, rollout_id)]
-        if len(kept) < len(records):
-            rejected += len(records) - len(kept)
+        if rollout_id is not None:
+            problem = _identity_problem(resource.attributes, rollout_id)
+            if problem is not None:
+                refused[f"resource: {problem}"] += len(records)
+                del records[:]
+                continue
+            _stamp(resource, rollout_id)
+        # The admin's records need a look only where they hold a reward: found with no call per record.
+        suspects = records if rollout_id is not None else _with_rewards(signal, records)
+        problems = [(record, check(record, rollout_id)) for record in suspects]
+        if any(problem is not None for _, problem in problems):
+            refused.update(problem for _, problem in problems if problem is not None)
+            bad = {id(record) for record, problem in problems if problem is not None}
+            kept = [record for record in records if id(record) not in bad]
             del records[:]
             records.extend(kept)
-    return rejected
+    return refused
+
+
+def _with_rewards(signal: Signal, records: MutableSequence) -> list:
+    if signal == "traces":
+        return [s for s in records if s.events and any(e.name == EVALUATION_EVENT for e in s.events)]
+    return [record for record in records if record.event_name == EVALUATION_EVENT]
 
 
 def _record_lists(signal: Signal, request: ExportRequest) -> Iterator[tuple[Resource, MutableSequence]]:
@@ -93,8 +133,104 @@ def _record_lists(signal: Signal, request: ExportRequest) -> Iterator[tuple[Reso
                         yield rm.resource, getattr(metric, kind).data_points
 
 
-def _rollout_of(attributes: Iterable[KeyValue]) -> str | None:
-    for kv in attributes:
-        if kv.key == ROLLOUT_ID:
-            return kv.value.string_value
+def _span_problem(span: Span, rollout_id: str | None) -> str | None:
+    if rollout_id is not None:
+        problem = _identity_problem(span.attributes, rollout_id)
+        if problem is not None:
+            return f"span: {problem}"
+        for link in span.links:
+            problem = _identity_problem(link.attributes, rollout_id)
+            if problem is not None:
+                return f"span link: {problem}"
+    for event in span.events:
+        if rollout_id is not None:
+            problem = _identity_problem(event.attributes, rollout_id)
+            if problem is not None:
+                return f"span event {_quote(event.name)}: {problem}"
+        if event.name == EVALUATION_EVENT:
+            problem = _reward_problem(event.attributes, rollout_id)
+            if problem is not None:
+                return f"span event {EVALUATION_EVENT}: {problem}"
     return None
+
+
+def _log_problem(record: LogRecord, rollout_id: str | None) -> str | None:
+    if rollout_id is not None:
+        problem = _identity_problem(record.attributes, rollout_id)
+        if problem is not None:
+            return f"log record: {problem}"
+    if record.event_name == EVALUATION_EVENT:
+        problem = _reward_problem(record.attributes, rollout_id)
+        if problem is not None:
+            return f"log record {EVALUATION_EVENT}: {problem}"
+    return None
+
+
+def _data_point_problem(point: Message, rollout_id: str | None) -> str | None:
+    problem = None if rollout_id is None else _identity_problem(point.attributes, rollout_id)
+    return None if problem is None else f"data point: {problem}"
+
+
+_RECORD_CHECKS: dict[Signal, Callable[..., str | None]] = {
+    "traces": _span_problem,
+    "logs": _log_problem,
+    "metrics": _data_point_problem,
+}
+
+
+def _identity_problem(attributes: MutableSequence, rollout_id: str) -> str | None:
+    """Why identity attributes may not come from the key of `rollout_id`, or None when they may.
+
+    Every occurrence is read: the check must see the value the store keeps (the last) as well as the first.
+    """
+    seen: dict[str, str] = {}
+    for kv in attributes:
+        key = kv.key
+        if key not in _IDENTITY:
+            continue
+        value = kv.value
+        if value.WhichOneof("value") != "string_value":
+            return f"{key} must be a string, not {value.WhichOneof('value') or 'empty'}"
+        text = value.string_value
+        if key == ROLLOUT_ID and text != rollout_id:
+            return f"{key} {_quote(text)} is another rollout than this key's ({_quote(rollout_id)})"
+        if seen.setdefault(key, text) != text:
+            return f"{key} is given twice, with different values"
+    return None
+
+
+def _reward_problem(attributes: MutableSequence, rollout_id: str | None) -> str | None:
+    """Why a reward's attributes are refused (a non-finite value), or None; a rollout key's reward then
+    gets the source `harness`, whatever its sender wrote: the source says which credential sent it."""
+    for kv in attributes:
+        if kv.key == EVALUATION_SCORE_VALUE and not _finite(kv.value):
+            return f"{EVALUATION_SCORE_VALUE} must be a finite number"
+    if rollout_id is not None:
+        for i in reversed(range(len(attributes))):
+            if attributes[i].key == REWARD_SOURCE:
+                del attributes[i]
+        attributes.add(key=REWARD_SOURCE).value.string_value = REWARD_SOURCE_HARNESS
+    return None
+
+
+def _finite(value: AnyValue) -> bool:
+    """False for a NaN or infinite number, given as a double or as text (the views cast text to DOUBLE)."""
+    kind = value.WhichOneof("value")
+    if kind == "double_value":
+        return math.isfinite(value.double_value)
+    if kind == "string_value":
+        try:
+            return math.isfinite(float(value.string_value))
+        except ValueError:  # not a number at all: the views read no value, as for any other text
+            return True
+    return True
+
+
+def _stamp(resource: Resource, rollout_id: str) -> None:
+    """Give the resource the key's rollout id, so that its records are never placed by trace inheritance."""
+    if not any(kv.key == ROLLOUT_ID for kv in resource.attributes):
+        resource.attributes.add(key=ROLLOUT_ID).value.string_value = rollout_id
+
+
+def _quote(text: str) -> str:
+    return repr(text if len(text) <= _QUOTED_CHARS else text[:_QUOTED_CHARS] + "…")

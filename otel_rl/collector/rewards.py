@@ -4,15 +4,15 @@ import asyncio
 import re
 import time
 
-from fastapi import APIRouter, Header, HTTPException
+from fastapi import APIRouter, Depends, HTTPException
 from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsServiceRequest
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
 from opentelemetry.proto.logs.v1.logs_pb2 import SeverityNumber
 from pydantic import BaseModel, Field, field_validator
 
 from otel_rl import attributes as attr
-from otel_rl.auth import Auth, Forbidden, Unauthorized
-from otel_rl.store import Saturated, Store, StoreClosed
+from otel_rl.auth import Auth, admin_required
+from otel_rl.store import Saturated, Store, StoreUnavailable
 
 REWARDS_SCOPE = "otel_rl.rewards_api"
 
@@ -21,9 +21,9 @@ class RewardIn(BaseModel):
     """A reward for one rollout, or for one model call of it (`span_id`)."""
 
     rollout_id: str = Field(min_length=1)
-    value: float
+    value: float = Field(allow_inf_nan=False, description="a finite number (NaN and infinities are refused)")
     name: str = "outcome"
-    source: str = "grader"
+    source: str = attr.REWARD_SOURCE_GRADER
     label: str | None = None
     explanation: str | None = None
     trace_id: str | None = Field(default=None, description="32 hex digits: the trace of the rewarded span")
@@ -85,18 +85,16 @@ def rewards_router(store: Store, auth: Auth) -> APIRouter:
     """POST /v1/rewards (admin token only: a rollout key must not grade its own rollout)."""
     router = APIRouter(tags=["rewards"])
 
-    @router.post("/v1/rewards", summary="Record a reward for a rollout (or one of its model calls)")
-    async def post_reward(reward: RewardIn, authorization: str | None = Header(default=None)) -> dict:
-        try:
-            auth.require_admin(authorization)
-        except Unauthorized as exc:
-            raise HTTPException(401, str(exc)) from None
-        except Forbidden as exc:
-            raise HTTPException(403, str(exc)) from None
+    @router.post(
+        "/v1/rewards",
+        summary="Record a reward for a rollout (or one of its model calls)",
+        dependencies=[Depends(admin_required(auth))],
+    )
+    async def post_reward(reward: RewardIn) -> dict:
         batch = store.logs_batch(reward_log_request(reward, now_ns=time.time_ns()))
         try:
             await asyncio.wrap_future(store.submit(batch))
-        except (Saturated, StoreClosed) as exc:
+        except (Saturated, StoreUnavailable) as exc:
             raise HTTPException(503, str(exc), headers={"Retry-After": "1"}) from None
         return {"stored": True, "rollout_id": reward.rollout_id, "name": reward.name, "value": reward.value}
 

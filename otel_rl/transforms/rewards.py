@@ -7,13 +7,15 @@ from typing import Literal
 
 import polars as pl
 
+from otel_rl.attributes import REWARD_SOURCE_GRADER
+
 AggregationRule = Literal["last", "mean", "max", "sum"]
 
 # Only graders are trusted by default: rewards posted to the server's /v1/rewards endpoint (source "grader"
-# unless the poster says otherwise) or emitted by a grader with that source. A reward emitted from inside the
-# agent's own process (the SDK's default source, "harness") is not trusted unless configured: the policy can
-# steer that process.
-DEFAULT_TRUSTED_SOURCES = ("grader",)
+# unless the poster says otherwise) or emitted with that source with the admin token. A reward emitted from
+# inside the agent's own process is not trusted unless configured: the policy can steer that process. Sent
+# with a rollout key, its source is "harness" whatever it says (the collector rewrites it).
+DEFAULT_TRUSTED_SOURCES = (REWARD_SOURCE_GRADER,)
 
 # Statuses that say the infrastructure failed, not the policy: such rollouts are excluded, never scored 0.
 INFRA_FAILURE_STATUSES = ("timeout", "crashed", "infra_error")
@@ -36,7 +38,8 @@ class RewardSpec:
 def _aggregate(rule: AggregationRule) -> pl.Expr:
     value = pl.col("value")
     return {
-        "last": value.sort_by("time").last(),
+        # by the server's receive order: a sender's clock (a record timed in the future) cannot make it last
+        "last": value.sort_by("received_at", "seq", nulls_last=False).last(),
         "mean": value.mean(),
         "max": value.max(),
         "sum": value.sum(),

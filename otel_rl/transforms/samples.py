@@ -59,7 +59,7 @@ CALL_COLUMNS = (
 SHOWN_GROUPS = 20
 # Read only when needed (retokenizing, drift, SFT): normalizing messages is the costly part of llm_calls.
 MESSAGE_COLUMNS = ("input_messages", "output_messages", "tool_definitions")
-REWARD_COLUMNS = ("rollout_id", "span_id", "level", "name", "value", "source", "time")
+REWARD_COLUMNS = ("rollout_id", "span_id", "level", "name", "value", "source", "time", "received_at", "seq")
 
 
 @dataclass(frozen=True)
