@@ -16,7 +16,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
 from otel_fixtures import CapturedRequest, captured_requests, requires_fixtures
 
 from otel_rl.attributes import ROLLOUT_ID
-from otel_rl.collector import flatten
+from otel_rl.collector import flatten, metrics
 
 CAPTURED = captured_requests()
 NOW = datetime.now(UTC)
@@ -70,7 +70,7 @@ def stored_count(server, captured: CapturedRequest) -> int:
     elif captured.signal == "logs":
         table, key = flatten.logs_to_tables(captured.decoded, NOW, 0)["logs"], "content_key"
     else:
-        table, key = flatten.metrics_to_tables(captured.decoded, NOW)["metric_points"], "content_key"
+        table, key = metrics.metrics_to_tables(captured.decoded, NOW)["metric_points"], "content_key"
     keys = table.column("content_key" if key == "content_key" else "trace_id").to_pylist()
     if key != "content_key":
         keys = [t + s for t, s in zip(keys, table.column("span_id").to_pylist(), strict=True)]

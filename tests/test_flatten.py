@@ -16,7 +16,8 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from otel_fixtures import captured_requests, requires_fixtures
 
-from otel_rl.collector.flatten import logs_to_tables, metrics_to_tables, traces_to_tables
+from otel_rl.collector.flatten import logs_to_tables, traces_to_tables
+from otel_rl.collector.metrics import metrics_to_tables
 
 NOW = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
 

@@ -171,9 +171,11 @@ CREATE OR REPLACE MACRO openai_output_message(c) AS with_finish_reason(
 -- (same under llm.output_messages); the fallback when input.value / output.value is not JSON.
 
 -- How many indexed entries start with `prefix` (e.g. 'llm.input_messages.'): the highest index + 1.
+-- Indices of up to four digits only: the collector refuses higher ones (4096 messages, 128 parts), and a
+-- row stored before it did must not make every read build lists of millions of entries, or overflow.
 CREATE OR REPLACE MACRO oi_count(attrs, prefix) AS
-    coalesce(list_max([TRY_CAST(regexp_extract(substr(k, length(prefix) + 1), '^(\d+)\.', 1) AS INTEGER) + 1
-                       FOR k IN json_keys(attrs) IF starts_with(k, prefix)]), 0);
+    coalesce(list_max([TRY_CAST(regexp_extract(substr(k, length(prefix) + 1), '^(\d{1,4})\.', 1) AS INTEGER)
+                       + 1 FOR k IN json_keys(attrs) IF starts_with(k, prefix)]), 0);
 
 CREATE OR REPLACE MACRO oi_message(attrs, p) AS chat_message(
     attrs ->> (p || 'role'),

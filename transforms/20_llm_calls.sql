@@ -396,7 +396,8 @@ SELECT
     ns_time(c.start_time_unix_nano) AS started_at,
     ns_time(c.end_time_unix_nano) AS ended_at,
     c.start_time_unix_nano,
-    (c.end_time_unix_nano - c.start_time_unix_nano) / 1e6 AS duration_ms,
+    -- the collector stores an end before the start as the start; rows stored before it did read as 0
+    (greatest(c.end_time_unix_nano, c.start_time_unix_nano) - c.start_time_unix_nano) / 1e6 AS duration_ms,
     c.operation,
     c.provider,
     c.request_model,

@@ -44,6 +44,9 @@ CONTENT_TYPES: dict[str, Encoding] = {
 }
 # OTLP/JSON writes these ids as hex (the proto3 JSON mapping would use base64): byte lengths by key.
 _ID_BYTES = {"traceId": 16, "spanId": 8, "parentSpanId": 8}
+# JSON objects and arrays inside each other. Protobuf's JSON parser stops at 100 nested messages, about 130
+# JSON levels for OTLP; deeper documents are refused here before Python's recursion limit is reached.
+MAX_JSON_DEPTH = 256
 
 
 class DecodeError(ValueError):
@@ -116,38 +119,51 @@ def parse_protobuf(message_type: type[M], payload: bytes) -> M:
     try:
         return message_type.FromString(payload)
     except ProtobufDecodeError as exc:
-        raise DecodeError(f"protobuf {message_type.__name__} could not be parsed: {exc}") from None
+        # upb's own words ("Exceeded upb_DecodeOptions_MaxDepth") do not say what a sender can change
+        reason = "messages nested over protobuf's limit of 100 levels" if "MaxDepth" in str(exc) else exc
+        raise DecodeError(f"protobuf {message_type.__name__} could not be parsed: {reason}") from None
 
 
 def parse_otlp_json(message_type: type[M], payload: bytes) -> M:
     """A message from OTLP/JSON: lowerCamelCase keys, hex ids, int64 as strings, integer enums."""
+    too_deep = DecodeError(
+        f"OTLP/JSON body nests objects and arrays over the limit of {MAX_JSON_DEPTH} levels"
+    )
     try:
         document = json.loads(payload)
     except UnicodeDecodeError as exc:
         raise DecodeError(f"JSON body is not UTF-8: {exc}") from None
     except json.JSONDecodeError as exc:
         raise DecodeError(f"invalid JSON at line {exc.lineno} column {exc.colno}: {exc.msg}") from None
+    except RecursionError:  # the json module recurses once per level, up to Python's recursion limit
+        raise too_deep from None
     if not isinstance(document, dict):
         raise DecodeError(f"OTLP/JSON {message_type.__name__} must be a JSON object")
-    _hex_ids_to_base64(document)
+    if not _hex_ids_to_base64(document):
+        raise too_deep
     try:
         return json_format.ParseDict(document, message_type(), ignore_unknown_fields=True)
     except json_format.ParseError as exc:
         raise DecodeError(f"OTLP/JSON {message_type.__name__} could not be parsed: {exc}") from None
 
 
-def _hex_ids_to_base64(node: object) -> None:
-    """Rewrite hex trace/span ids in place to the base64 that protobuf's JSON parser reads."""
-    if isinstance(node, dict):
-        for key, value in node.items():
-            if key in _ID_BYTES and isinstance(value, str):
-                node[key] = _id_to_base64(key, value)
-            elif isinstance(value, dict | list):
-                _hex_ids_to_base64(value)
-    elif isinstance(node, list):
-        for item in node:
-            if isinstance(item, dict | list):
-                _hex_ids_to_base64(item)
+def _hex_ids_to_base64(document: dict) -> bool:
+    """Rewrite hex trace/span ids in place to the base64 that protobuf's JSON parser reads; False (and
+    stop) when the document nests over MAX_JSON_DEPTH levels. A loop, not a recursion: any depth is safe."""
+    pending: list[tuple[dict | list, int]] = [(document, 1)]
+    while pending:
+        node, depth = pending.pop()
+        if depth > MAX_JSON_DEPTH:
+            return False
+        if isinstance(node, dict):
+            for key, value in node.items():
+                if key in _ID_BYTES and isinstance(value, str):
+                    node[key] = _id_to_base64(key, value)
+                elif isinstance(value, dict | list):
+                    pending.append((value, depth + 1))
+        else:
+            pending.extend((item, depth + 1) for item in node if isinstance(item, dict | list))
+    return True
 
 
 def _id_to_base64(key: str, value: str) -> str:

@@ -7,115 +7,16 @@ import hashlib
 from collections.abc import Iterable
 from datetime import datetime
 
-import numpy as np
 import orjson
 import pyarrow as pa
-from google.protobuf.message import Message
 from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsServiceRequest
-from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceRequest
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, InstrumentationScope
 from opentelemetry.proto.resource.v1.resource_pb2 import Resource
 
-from otel_rl.attributes import PROMPT_TOKEN_IDS
-
-# Arrow schemas mirroring otel_rl/store/schema.sql column for column. JSON columns carry Arrow's JSON
-# extension type: DuckDB then takes the text as JSON as it is, where a string column would be parsed again
-# to validate it (orjson writes only valid JSON); that parse was ~15% of the store's insert.
-JSON = pa.json_()
-SPANS_SCHEMA = pa.schema(
-    [
-        ("trace_id", pa.string()),
-        ("span_id", pa.string()),
-        ("parent_span_id", pa.string()),
-        ("trace_state", pa.string()),
-        ("flags", pa.uint32()),
-        ("name", pa.string()),
-        ("kind", pa.int8()),
-        ("start_time_unix_nano", pa.uint64()),
-        ("end_time_unix_nano", pa.uint64()),
-        ("attributes", JSON),
-        ("content_attributes", JSON),
-        ("dropped_attributes_count", pa.uint32()),
-        ("events", JSON),
-        ("dropped_events_count", pa.uint32()),
-        ("links", JSON),
-        ("dropped_links_count", pa.uint32()),
-        ("status_code", pa.int8()),
-        ("status_message", pa.string()),
-        ("resource_attributes", JSON),
-        ("resource_dropped_attributes_count", pa.uint32()),
-        ("resource_schema_url", pa.string()),
-        ("scope_name", pa.string()),
-        ("scope_version", pa.string()),
-        ("scope_attributes", JSON),
-        ("scope_schema_url", pa.string()),
-        ("received_at", pa.timestamp("us", tz="UTC")),
-    ]
-)
-CALL_TOKENS_SCHEMA = pa.schema(
-    [
-        ("trace_id", pa.string()),
-        ("span_id", pa.string()),
-        ("prompt_token_ids", pa.list_(pa.int32())),
-        ("choice_token_ids", pa.list_(pa.list_(pa.int32()))),
-        ("choice_logprobs", pa.list_(pa.list_(pa.float32()))),
-        ("received_at", pa.timestamp("us", tz="UTC")),
-    ]
-)
-LOGS_SCHEMA = pa.schema(
-    [
-        ("content_key", pa.string()),
-        ("seq", pa.uint64()),
-        ("time_unix_nano", pa.uint64()),
-        ("observed_time_unix_nano", pa.uint64()),
-        ("severity_number", pa.int32()),
-        ("severity_text", pa.string()),
-        ("event_name", pa.string()),
-        ("body", JSON),
-        ("attributes", JSON),
-        ("dropped_attributes_count", pa.uint32()),
-        ("flags", pa.uint32()),
-        ("trace_id", pa.string()),
-        ("span_id", pa.string()),
-        ("resource_attributes", JSON),
-        ("resource_dropped_attributes_count", pa.uint32()),
-        ("resource_schema_url", pa.string()),
-        ("scope_name", pa.string()),
-        ("scope_version", pa.string()),
-        ("scope_attributes", JSON),
-        ("scope_schema_url", pa.string()),
-        ("received_at", pa.timestamp("us", tz="UTC")),
-    ]
-)
-METRIC_POINTS_SCHEMA = pa.schema(
-    [
-        ("content_key", pa.string()),
-        ("metric_name", pa.string()),
-        ("description", pa.string()),
-        ("unit", pa.string()),
-        ("metric_metadata", JSON),
-        ("type", pa.string()),
-        ("aggregation_temporality", pa.int8()),
-        ("is_monotonic", pa.bool_()),
-        ("start_time_unix_nano", pa.uint64()),
-        ("time_unix_nano", pa.uint64()),
-        ("attributes", JSON),
-        ("value", pa.float64()),
-        ("count", pa.uint64()),
-        ("sum", pa.float64()),
-        ("min", pa.float64()),
-        ("max", pa.float64()),
-        ("point", JSON),
-        ("resource_attributes", JSON),
-        ("resource_schema_url", pa.string()),
-        ("scope_name", pa.string()),
-        ("scope_version", pa.string()),
-        ("scope_attributes", JSON),
-        ("scope_schema_url", pa.string()),
-        ("received_at", pa.timestamp("us", tz="UTC")),
-    ]
-)
+from otel_rl.collector.limits import MAX_VALUE_DEPTH, check_indexed_key
+from otel_rl.collector.packed import PackedTokens, call_tokens_table, take_packed
+from otel_rl.collector.schemas import JSON, LOGS_SCHEMA, SPANS_SCHEMA, received_at_array
 
 # orjson writes compact UTF-8 JSON ~4x faster than the json module; NaN and Infinity become null.
 _dumps = orjson.dumps
@@ -136,6 +37,7 @@ CONTENT_ATTRIBUTES = frozenset(
         "output.value",
     }
 )
+# Each prefix is followed by an index (a message, tool or choice number), bounded by check_indexed_key.
 CONTENT_ATTRIBUTE_PREFIXES = (
     "llm.input_messages.",
     "llm.output_messages.",
@@ -149,8 +51,9 @@ Blake2b = type(hashlib.blake2b())
 # ---------------------------------------------------------------- AnyValue -> JSON-ready Python values
 
 
-def _any_value(v: AnyValue) -> object:
-    """AnyValue -> the plain Python value that serializes to the contract's JSON (bytes -> base64)."""
+def _any_value(v: AnyValue, depth: int = 0) -> object:
+    """AnyValue -> the plain Python value that serializes to the contract's JSON (bytes -> base64);
+    `depth` counts the arrays and key-value lists it is inside (at most MAX_VALUE_DEPTH)."""
     # Most values are non-empty strings: one field access instead of a oneof dispatch (ingest's hot path).
     value = v.string_value
     if value:
@@ -164,72 +67,47 @@ def _any_value(v: AnyValue) -> object:
         return v.bool_value
     if kind == "double_value":
         return v.double_value
-    if kind == "array_value":
-        return [_any_value(e) for e in v.array_value.values]
-    if kind == "kvlist_value":
-        return _kv_dict(v.kvlist_value.values)
+    if kind == "array_value" or kind == "kvlist_value":
+        if depth >= MAX_VALUE_DEPTH:
+            raise ValueError(
+                f"a value nests arrays or key-value lists over the limit of {MAX_VALUE_DEPTH} levels"
+            )
+        if kind == "array_value":
+            return [_any_value(e, depth + 1) for e in v.array_value.values]
+        return kv_dict(v.kvlist_value.values, depth + 1)
     if kind == "bytes_value":
         return base64.b64encode(v.bytes_value).decode("ascii")
     return None
 
 
-def _kv_dict(kvs: Iterable) -> dict:
-    return {kv.key: _any_value(kv.value) for kv in kvs}
+def kv_dict(kvs: Iterable, depth: int = 0) -> dict:
+    return {kv.key: _any_value(kv.value, depth) for kv in kvs}
 
 
-def _kv_json(kvs: Iterable) -> bytes:
-    return _dumps(_kv_dict(kvs)) if kvs else _EMPTY_OBJECT
+def kv_json(kvs: Iterable) -> bytes:
+    return _dumps(kv_dict(kvs)) if kvs else _EMPTY_OBJECT
 
 
-def _hex_or_none(b: bytes) -> str | None:
+def hex_or_none(b: bytes) -> str | None:
     return b.hex() or None
 
 
 # ---------------------------------------------------------------- traces
 
 
-class PackedTokens:
-    """Packed token attributes of one span, still as raw little-endian bytes."""
-
-    __slots__ = ("trace_id", "span_id", "prompt", "choice_ids", "choice_logprobs")
-
-    def __init__(self, trace_id: str, span_id: str) -> None:
-        self.trace_id = trace_id
-        self.span_id = span_id
-        self.prompt: bytes | None = None
-        self.choice_ids: dict[int, bytes] = {}
-        self.choice_logprobs: dict[int, bytes] = {}
-
-
-def _take_packed(tokens: PackedTokens, key: str, data: bytes) -> bool:
-    """Record a packed token attribute; False when `key` is not one (it then stays an ordinary attribute)."""
-    parts = key.split(".")  # otel_rl.prompt_token_ids | otel_rl.choices.{i}.token_ids | ...{i}.logprobs
-    if key == PROMPT_TOKEN_IDS:
-        target = None
-    elif len(parts) == 4 and parts[1] == "choices" and parts[2].isdigit() and parts[3] == "token_ids":
-        target = tokens.choice_ids
-    elif len(parts) == 4 and parts[1] == "choices" and parts[2].isdigit() and parts[3] == "logprobs":
-        target = tokens.choice_logprobs
-    else:
-        return False
-    if len(data) % 4:
-        raise ValueError(
-            f"span {tokens.trace_id}/{tokens.span_id}: attribute {key!r} has {len(data)} bytes, "
-            "not a whole number of 4-byte little-endian values"
-        )
-    if target is None:
-        tokens.prompt = data
-    else:
-        target[int(parts[2])] = data
-    return True
-
-
 class _ContentKeys(dict):
     """Attribute key -> whether it is a content attribute, remembered: the hot loop meets the same few dozen
-    keys again and again (bounded, as OpenInference numbers its message keys)."""
+    keys again and again (bounded, as OpenInference numbers its message keys). An indexed content key over
+    its limit raises ValueError, and is never remembered: the check costs nothing for keys seen before."""
 
     def __missing__(self, key: str) -> bool:
-        is_content = key in CONTENT_ATTRIBUTES or key.startswith(CONTENT_ATTRIBUTE_PREFIXES)
+        is_content = key in CONTENT_ATTRIBUTES
+        if not is_content:
+            for prefix in CONTENT_ATTRIBUTE_PREFIXES:
+                if key.startswith(prefix):
+                    check_indexed_key(key, prefix)
+                    is_content = True
+                    break
         if len(self) < 65536:
             self[key] = is_content
         return is_content
@@ -239,7 +117,8 @@ _IS_CONTENT = _ContentKeys()
 
 
 def is_content_attribute(key: str) -> bool:
-    """Whether a span attribute carries a call's content (it goes to `spans.content_attributes`)."""
+    """Whether a span attribute carries a call's content (it goes to `spans.content_attributes`); raises
+    ValueError for an indexed content key over its limit (limits.check_indexed_key)."""
     return _IS_CONTENT[key]
 
 
@@ -264,7 +143,7 @@ def _span_attributes(
             elif kind == "bytes_value" and key.startswith(_PACKED_PREFIX):
                 if tokens is None:
                     tokens = PackedTokens(trace_id, span_id)
-                if _take_packed(tokens, key, v.bytes_value):
+                if take_packed(tokens, key, v.bytes_value):
                     continue
                 value = _any_value(v)
             else:
@@ -282,7 +161,7 @@ def _events_json(events: Iterable) -> bytes:
             {
                 "time_unix_nano": e.time_unix_nano,
                 "name": e.name,
-                "attributes": _kv_dict(e.attributes),
+                "attributes": kv_dict(e.attributes),
                 "dropped_attributes_count": e.dropped_attributes_count,
             }
             for e in events
@@ -294,15 +173,23 @@ def _links_json(links: Iterable) -> bytes:
     return _dumps(
         [
             {
-                "trace_id": _hex_or_none(link.trace_id),
-                "span_id": _hex_or_none(link.span_id),
+                "trace_id": hex_or_none(link.trace_id),
+                "span_id": hex_or_none(link.span_id),
                 "trace_state": link.trace_state,
-                "attributes": _kv_dict(link.attributes),
+                "attributes": kv_dict(link.attributes),
                 "dropped_attributes_count": link.dropped_attributes_count,
                 "flags": link.flags,
             }
             for link in links
         ]
+    )
+
+
+def _id_lengths(trace_id: bytes, span_id: bytes, parent_span_id: bytes = b"") -> str:
+    """Why a record's ids are refused: OTLP ids are 16 (trace) and 8 (span) bytes; 0 where optional."""
+    return (
+        f"ids of {len(trace_id)}/{len(span_id)}/{len(parent_span_id)} bytes (trace/span/parent span): "
+        "a trace id has 16 bytes and a span id 8"
     )
 
 
@@ -312,19 +199,32 @@ def traces_to_tables(req: ExportTraceServiceRequest, received_at: datetime) -> d
     packed: list[PackedTokens] = []
     for rs in req.resource_spans:
         resource = rs.resource
-        r_attrs = _kv_json(resource.attributes)
+        r_attrs = kv_json(resource.attributes)
         r_dropped = resource.dropped_attributes_count
         r_schema = rs.schema_url or None
         for ss in rs.scope_spans:
             scope = ss.scope
-            s_name, s_version, s_attrs = scope.name or None, scope.version or None, _kv_json(scope.attributes)
+            s_name, s_version, s_attrs = scope.name or None, scope.version or None, kv_json(scope.attributes)
             s_schema = ss.schema_url or None
             for span in ss.spans:
                 tid = span.trace_id.hex()
                 sid = span.span_id.hex()
-                attrs_json, content_json, tokens = _span_attributes(span.attributes, tid, sid)
+                try:
+                    if len(tid) != 32 or len(sid) != 16 or len(span.parent_span_id) not in (0, 8):
+                        raise ValueError(_id_lengths(span.trace_id, span.span_id, span.parent_span_id))
+                    attrs_json, content_json, tokens = _span_attributes(span.attributes, tid, sid)
+                    events_json = _events_json(span.events) if span.events else _EMPTY_ARRAY
+                    links_json = _links_json(span.links) if span.links else _EMPTY_ARRAY
+                except ValueError as exc:
+                    raise ValueError(f"span {tid[:32]}/{sid[:16]}: {exc}") from None
                 if tokens is not None:
                     packed.append(tokens)
+                start = span.start_time_unix_nano
+                # A span that ends before it starts (a clock stepped back, or a hostile sender) is stored as
+                # ending when it starts: reads subtract the unsigned times, and one such row failed them all.
+                end = span.end_time_unix_nano
+                if end < start:
+                    end = start
                 status = span.status
                 rows.append(
                     (
@@ -335,14 +235,14 @@ def traces_to_tables(req: ExportTraceServiceRequest, received_at: datetime) -> d
                         span.flags,
                         span.name,
                         span.kind,
-                        span.start_time_unix_nano,
-                        span.end_time_unix_nano,
+                        start,
+                        end,
                         attrs_json,
                         content_json,
                         span.dropped_attributes_count,
-                        _events_json(span.events) if span.events else _EMPTY_ARRAY,
+                        events_json,
                         span.dropped_events_count,
-                        _links_json(span.links) if span.links else _EMPTY_ARRAY,
+                        links_json,
                         span.dropped_links_count,
                         status.code,
                         status.message or None,
@@ -365,12 +265,8 @@ def rows_table(schema: pa.Schema, rows: list[tuple], received_at: datetime) -> p
     """Columns from row tuples (every field of `schema` but the trailing received_at), then received_at."""
     columns = zip(*rows, strict=True) if rows else [()] * (len(schema) - 1)
     arrays = [_array(col, field.type) for col, field in zip(columns, schema, strict=False)]
-    arrays.append(_received_at(received_at, len(rows)))
+    arrays.append(received_at_array(received_at, len(rows)))
     return pa.Table.from_arrays(arrays, schema=schema)
-
-
-def _received_at(received_at: datetime, n: int) -> pa.Array:
-    return pa.repeat(pa.scalar(received_at, type=pa.timestamp("us", tz="UTC")), n)
 
 
 def _array(values: Iterable, type_: pa.DataType) -> pa.Array:
@@ -380,51 +276,10 @@ def _array(values: Iterable, type_: pa.DataType) -> pa.Array:
     return pa.ExtensionArray.from_storage(JSON, pa.array(values, type=pa.binary()).view(pa.string()))
 
 
-# ---------------------------------------------------------------- call_tokens
-
-
-def _list_array(chunks: list[bytes | None], dtype: str, value_type: pa.DataType) -> pa.Array:
-    """One list per chunk of packed little-endian values (None -> null list), without per-value objects."""
-    lengths = np.fromiter((len(c) if c is not None else 0 for c in chunks), dtype=np.int64, count=len(chunks))
-    offsets = np.zeros(len(chunks) + 1, dtype=np.int32)
-    np.cumsum(lengths // 4, out=offsets[1:])
-    values = np.frombuffer(b"".join(c for c in chunks if c is not None), dtype=dtype)
-    mask = pa.array(np.fromiter((c is None for c in chunks), dtype=bool, count=len(chunks)))
-    return pa.ListArray.from_arrays(
-        pa.array(offsets), pa.array(values, type=value_type), mask=mask if mask.true_count else None
-    )
-
-
-def _nested_list_array(
-    per_span: list[dict[int, bytes]], n_choices: list[int], dtype: str, value_type: pa.DataType
-) -> pa.Array:
-    """One list of per-choice lists per span, choices in index order; an unrecorded choice is a null list."""
-    flat = [choices.get(i) for choices, n in zip(per_span, n_choices, strict=True) for i in range(n)]
-    inner = _list_array(flat, dtype, value_type)
-    offsets = np.zeros(len(per_span) + 1, dtype=np.int32)
-    np.cumsum(n_choices, out=offsets[1:])
-    mask = pa.array([not choices for choices in per_span], type=pa.bool_())
-    return pa.ListArray.from_arrays(pa.array(offsets), inner, mask=mask if mask.true_count else None)
-
-
-def call_tokens_table(packed: list[PackedTokens], received_at: datetime) -> pa.Table:
-    """call_tokens rows for the spans that carried packed token attributes (received with them)."""
-    n_choices = [max([*t.choice_ids, *t.choice_logprobs], default=-1) + 1 for t in packed]
-    arrays = [
-        pa.array([t.trace_id for t in packed], type=pa.string()),
-        pa.array([t.span_id for t in packed], type=pa.string()),
-        _list_array([t.prompt for t in packed], "<i4", pa.int32()),
-        _nested_list_array([t.choice_ids for t in packed], n_choices, "<i4", pa.int32()),
-        _nested_list_array([t.choice_logprobs for t in packed], n_choices, "<f4", pa.float32()),
-        _received_at(received_at, len(packed)),
-    ]
-    return pa.Table.from_arrays(arrays, schema=CALL_TOKENS_SCHEMA)
-
-
 # ---------------------------------------------------------------- logs
 
 
-def _record_hasher(
+def record_hasher(
     resource: Resource, resource_schema_url: str, scope: InstrumentationScope, scope_schema_url: str
 ) -> Blake2b:
     """A hash seeded with the resource and scope; copy it and add one record to get its content key."""
@@ -441,7 +296,7 @@ def _record_hasher(
     return h
 
 
-def _content_key(seed: Blake2b, record_bytes: bytes) -> str:
+def content_key(seed: Blake2b, record_bytes: bytes) -> str:
     h = seed.copy()
     h.update(len(record_bytes).to_bytes(8, "little"))
     h.update(record_bytes)
@@ -456,17 +311,20 @@ def logs_to_tables(
     seq = seq_start
     for rl in req.resource_logs:
         resource = rl.resource
-        r_attrs = _kv_json(resource.attributes)
+        r_attrs = kv_json(resource.attributes)
         r_dropped = resource.dropped_attributes_count
         r_schema = rl.schema_url or None
         for sl in rl.scope_logs:
             scope = sl.scope
-            s_name, s_version, s_attrs = scope.name or None, scope.version or None, _kv_json(scope.attributes)
-            seed = _record_hasher(resource, rl.schema_url, scope, sl.schema_url)
+            s_name, s_version, s_attrs = scope.name or None, scope.version or None, kv_json(scope.attributes)
+            seed = record_hasher(resource, rl.schema_url, scope, sl.schema_url)
             for rec in sl.log_records:
+                # optional on a log record, and each as long as a span's when present
+                if len(rec.trace_id) not in (0, 16) or len(rec.span_id) not in (0, 8):
+                    raise ValueError(f"log record: {_id_lengths(rec.trace_id, rec.span_id)}")
                 rows.append(
                     (
-                        _content_key(seed, rec.SerializeToString()),
+                        content_key(seed, rec.SerializeToString()),
                         seq,
                         rec.time_unix_nano,
                         rec.observed_time_unix_nano,
@@ -474,11 +332,11 @@ def logs_to_tables(
                         rec.severity_text or None,
                         rec.event_name or None,
                         _dumps(_any_value(rec.body)),
-                        _kv_json(rec.attributes),
+                        kv_json(rec.attributes),
                         rec.dropped_attributes_count,
                         rec.flags,
-                        _hex_or_none(rec.trace_id),
-                        _hex_or_none(rec.span_id),
+                        hex_or_none(rec.trace_id),
+                        hex_or_none(rec.span_id),
                         r_attrs,
                         r_dropped,
                         r_schema,
@@ -490,101 +348,3 @@ def logs_to_tables(
                 )
                 seq += 1
     return {"logs": rows_table(LOGS_SCHEMA, rows, received_at)}
-
-
-# ---------------------------------------------------------------- metrics
-
-
-def _exemplars(point: Message) -> list[dict]:
-    return [
-        {
-            "time_unix_nano": e.time_unix_nano,
-            "value": e.as_double if e.WhichOneof("value") == "as_double" else e.as_int,
-            "filtered_attributes": _kv_dict(e.filtered_attributes),
-            "trace_id": _hex_or_none(e.trace_id),
-            "span_id": _hex_or_none(e.span_id),
-        }
-        for e in point.exemplars
-    ]
-
-
-def _point_fields(kind: str, p: Message) -> tuple:
-    """(value, count, sum, min, max, whole point as a dict) of one data point of a metric of type `kind`."""
-    if kind in ("gauge", "sum"):
-        value = float(p.as_double if p.WhichOneof("value") == "as_double" else p.as_int)
-        return value, None, None, None, None, {"value": value, "flags": p.flags, "exemplars": _exemplars(p)}
-    if kind == "summary":
-        quantiles = [{"quantile": q.quantile, "value": q.value} for q in p.quantile_values]
-        whole = {"count": p.count, "sum": p.sum, "quantile_values": quantiles, "flags": p.flags}
-        return None, p.count, p.sum, None, None, whole
-    # histogram / exponential_histogram: sum, min and max are optional fields
-    total, low, high = (getattr(p, f) if p.HasField(f) else None for f in ("sum", "min", "max"))
-    whole = {
-        "count": p.count,
-        "sum": total,
-        "min": low,
-        "max": high,
-        "flags": p.flags,
-        "exemplars": _exemplars(p),
-    }
-    if kind == "histogram":
-        whole |= {"bucket_counts": list(p.bucket_counts), "explicit_bounds": list(p.explicit_bounds)}
-    else:
-        whole |= {
-            "scale": p.scale,
-            "zero_count": p.zero_count,
-            "zero_threshold": p.zero_threshold,
-            "positive": {"offset": p.positive.offset, "bucket_counts": list(p.positive.bucket_counts)},
-            "negative": {"offset": p.negative.offset, "bucket_counts": list(p.negative.bucket_counts)},
-        }
-    return None, p.count, total, low, high, whole
-
-
-def metrics_to_tables(req: ExportMetricsServiceRequest, received_at: datetime) -> dict[str, pa.Table]:
-    """ExportMetricsServiceRequest -> {"metric_points": ...}: one row per data point."""
-    rows: list[tuple] = []
-    for rm in req.resource_metrics:
-        resource = rm.resource
-        r_attrs = _kv_json(resource.attributes)
-        for sm in rm.scope_metrics:
-            scope = sm.scope
-            seed = _record_hasher(resource, rm.schema_url, scope, sm.schema_url)
-            s_attrs = _kv_json(scope.attributes)
-            for metric in sm.metrics:
-                kind = metric.WhichOneof("data")
-                if kind is None:
-                    continue
-                data = getattr(metric, kind)
-                temporality = getattr(data, "aggregation_temporality", None)
-                monotonic = data.is_monotonic if kind == "sum" else None
-                header = f"{metric.name}\x00{metric.unit}\x00{kind}\x00".encode()
-                for p in data.data_points:
-                    value, count, total, low, high, whole = _point_fields(kind, p)
-                    rows.append(
-                        (
-                            _content_key(seed, header + p.SerializeToString()),
-                            metric.name,
-                            metric.description or None,
-                            metric.unit or None,
-                            _kv_json(metric.metadata),
-                            kind,
-                            temporality,
-                            monotonic,
-                            p.start_time_unix_nano,
-                            p.time_unix_nano,
-                            _kv_json(p.attributes),
-                            value,
-                            count,
-                            total,
-                            low,
-                            high,
-                            _dumps(whole),
-                            r_attrs,
-                            rm.schema_url or None,
-                            scope.name or None,
-                            scope.version or None,
-                            s_attrs,
-                            sm.schema_url or None,
-                        )
-                    )
-    return {"metric_points": rows_table(METRIC_POINTS_SCHEMA, rows, received_at)}

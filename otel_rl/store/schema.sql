@@ -7,7 +7,8 @@
 -- llm.input_messages., llm.output_messages., llm.tools., gen_ai.prompt., gen_ai.completion.;
 -- otel_rl/collector/flatten.py CONTENT_ATTRIBUTES), `attributes` the rest, so that reading ids, models or
 -- usage never parses message text.
--- Timestamps are kept as the exporter sent them (unsigned nanoseconds since the epoch).
+-- Timestamps are kept as the exporter sent them (unsigned nanoseconds since the epoch; an end before its
+-- start is stored as the start).
 
 CREATE TABLE IF NOT EXISTS spans (
     trace_id                VARCHAR NOT NULL,   -- 32 lowercase hex
