@@ -11,6 +11,7 @@ Tokens are bytes, so ids are checkable by hand: `tokenize(text) == list(text.enc
     with FakeVLLM(replies=["<tool_call>...</tool_call>", "The answer is 85."]) as fake:
         client = OpenAI(base_url=fake.url, api_key="x")
         fake.inject(Fault(status=503))  # the next request fails
+        fake.refuse_connections(0.5)  # the listener closes now and reopens on the same port 0.5 s later
 """
 
 from __future__ import annotations
@@ -233,6 +234,7 @@ class FakeVLLM:
     def __init__(self, replies: Responder | Iterable[Reply | str] | None = None, *, model: str = MODEL):
         self.model = model
         self.requests: list[RecordedRequest] = []
+        self.health_checks = 0  # GET /health requests answered
         self.faults: collections.deque[Fault] = collections.deque()
         self._queue: collections.deque[Reply | str] = collections.deque()
         self._responder: Responder = lambda request, index: f"Fake reply {index}."
@@ -269,9 +271,11 @@ class FakeVLLM:
         return f"{self.base_url}/v1"
 
     # lifecycle
-    def start(self) -> FakeVLLM:
+    def start(self, port: int = 0) -> FakeVLLM:
+        """Listen on `port` (0: a free one)."""
         sock = socket.socket()
-        sock.bind(("127.0.0.1", 0))
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # reopen a port closed a moment ago
+        sock.bind(("127.0.0.1", port))
         self.port = sock.getsockname()[1]
         config = uvicorn.Config(self.app(), log_level="warning", lifespan="off", timeout_graceful_shutdown=1)
         self._server = uvicorn.Server(config)
@@ -291,6 +295,20 @@ class FakeVLLM:
             self._thread.join(timeout=5)
             self._server = self._thread = None
 
+    def refuse_connections(self, seconds: float) -> threading.Thread:
+        """Close the listener and its connections now (connects are refused), and reopen it on the same port
+        `seconds` later, from a background thread (returned: join it to wait for the reopening)."""
+        port = self.port
+        self.stop()
+
+        def reopen() -> None:
+            time.sleep(seconds)
+            self.start(port)
+
+        thread = threading.Thread(target=reopen, daemon=True)
+        thread.start()
+        return thread
+
     def __enter__(self) -> FakeVLLM:
         return self.start()
 
@@ -301,12 +319,16 @@ class FakeVLLM:
     def app(self) -> Starlette:
         return Starlette(
             routes=[
-                Route("/health", lambda request: Response(status_code=200)),
+                Route("/health", self._health),
                 Route("/v1/models", self._models),
                 Route("/v1/chat/completions", self._chat, methods=["POST"]),
                 Route("/v1/completions", self._completions, methods=["POST"]),
             ]
         )
+
+    async def _health(self, request: Request) -> Response:
+        self.health_checks += 1
+        return Response(status_code=200)
 
     async def _models(self, request: Request) -> JSONResponse:
         card = {"id": self.model, "object": "model", "created": CREATED, "owned_by": "vllm",

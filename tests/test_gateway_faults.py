@@ -2,6 +2,7 @@
 
 import asyncio
 import socket
+import time
 import uuid
 from collections.abc import Iterator
 
@@ -88,15 +89,21 @@ def test_vllm_dropping_a_stream_midway_ends_it_with_an_error_event(gateway, fake
     assert span["choice_token_ids"] is not None  # what arrived before the cut is kept
 
 
-def test_unreachable_server_gives_a_503_naming_it(tmp_path):
+def test_server_that_stays_down_gives_a_503_naming_it_at_the_calls_deadline(tmp_path):
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         url = f"http://127.0.0.1:{sock.getsockname()[1]}"  # bound, never listening: connections are refused
-        with GatewayServer(tmp_path / "store.duckdb", vllm=[url]) as gateway:
+        store = tmp_path / "store.duckdb"
+        with GatewayServer(store, vllm=[url], upstream_timeout_s=UPSTREAM_TIMEOUT_S) as gateway:
+            start = time.monotonic()
             with pytest.raises(openai.InternalServerError, match="no inference server available") as raised:
                 call(gateway)
+            assert UPSTREAM_TIMEOUT_S <= time.monotonic() - start < UPSTREAM_TIMEOUT_S + 2
             assert raised.value.status_code == 503
+            assert raised.value.response.headers["retry-after"] == "1"
             assert url in str(raised.value)
+            assert "Connect call failed" in str(raised.value)  # why: the connection was refused
+            assert f"waited {UPSTREAM_TIMEOUT_S:g} s (--upstream-timeout)" in str(raised.value)
             span = failed_span(gateway, raised.value.request.headers["x-otel-rl-rollout-id"])
             assert span["attributes"]["error.type"] == "ServiceUnavailableError"
 

@@ -1,6 +1,7 @@
 """The OpenAI-compatible proxy: admits a call, sends it to the rollout's vLLM server, relays, records it."""
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import AsyncIterator, Mapping
@@ -20,7 +21,7 @@ from otel_rl.gateway.metrics import GatewayMetrics
 from otel_rl.gateway.outputs import StreamAssembler, parse_chat_response, parse_completion_response
 from otel_rl.gateway.recording import CallRecord
 from otel_rl.gateway.reload import GatewayPaused, ReloadCoordinator, ReloadResult
-from otel_rl.gateway.servers import InferenceServer, NoServerAvailable, ServerPool
+from otel_rl.gateway.servers import InferenceServer, NoServerAvailable, ServerPool, retry_delay_s
 from otel_rl.gateway.settings import GatewaySettings
 from otel_rl.gateway.span_rows import CallSpanWriter
 from otel_rl.gateway.upstream import ClientAsked, SSEBuffer, strip_response, upstream_body
@@ -161,27 +162,47 @@ class Gateway:
     async def _send(
         self, path: str, content: bytes, rollout_id: str | None, record: CallRecord
     ) -> tuple[InferenceServer, aiohttp.ClientResponse]:
-        """Send to the rollout's server; a server refusing the connection is skipped (nothing was sent)."""
-        tried: tuple[InferenceServer, ...] = ()
+        """Send to the rollout's server, retrying only connects that failed (nothing reached vLLM, so the
+        call cannot be generating there): on another available server at once, else after a backoff, and
+        while every server is down by waiting for one to answer its probe, until the call's deadline."""
+        deadline = time.monotonic() + self.settings.upstream_timeout_s
+        tried: tuple[InferenceServer, ...] = ()  # servers whose connect failed since the last backoff
+        retries = 0
         while True:
             try:
                 server = self.pool.pick(rollout_id, exclude=tried)
             except NoServerAvailable as error:
-                raise CallError(503, str(error), "ServiceUnavailableError", RELOAD_RETRY_AFTER_S) from None
+                left_s = deadline - time.monotonic()
+                if not (tried or self.pool.may_recover) or left_s <= 0:
+                    message = str(error)
+                    if left_s <= 0:
+                        message += f"; waited {self.settings.upstream_timeout_s:g} s (--upstream-timeout)"
+                    raise CallError(503, message, "ServiceUnavailableError", RELOAD_RETRY_AFTER_S) from None
+                await asyncio.sleep(min(retry_delay_s(retries), left_s))
+                retries += 1
+                tried = ()
+                if self.pool.may_recover:
+                    with contextlib.suppress(TimeoutError):  # the deadline passes during the probe
+                        probe = self.pool.reprobe(self.client, timeout_s=self.settings.connect_timeout_s)
+                        await asyncio.wait_for(probe, deadline - time.monotonic())
+                continue
             record.server_url = server.url
             server.in_flight += 1
             try:
-                return server, await self.client.send(server.url + path, content)
+                response = await self.client.send(server.url + path, content)
             except UpstreamError as error:
                 server.in_flight -= 1
                 if error.kind != "connect":
                     raise self._upstream_failure(record, error) from None
-                server.healthy = False
-                log.warning("inference server %s refused a connection; marked unhealthy", server.url)
+                if server.connect_failed(str(error)):
+                    log.warning("inference server %s left the pool: %s", server.url, error)
                 tried += (server,)
+                continue
             except BaseException:  # cancelled: the call is not in flight any more
                 server.in_flight -= 1
                 raise
+            server.consecutive_connect_failures = 0
+            return server, response
 
     def _answer(self, record: CallRecord, asked: ClientAsked, status: int, content: bytes) -> Response:
         """The client's response to a non-streaming call, and its outcome on the record."""

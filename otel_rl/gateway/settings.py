@@ -2,20 +2,59 @@
 
 from dataclasses import dataclass, field
 from typing import Any
+from urllib.parse import SplitResult, urlsplit
 
 # What the trainer assumes for train rollouts: samples from the policy's full distribution, so that the
 # recorded logprobs are the policy's (top_k -1 = off, as vLLM spells it).
 DEFAULT_SPLIT_SAMPLING: dict[str, dict[str, Any]] = {"train": {"temperature": 1.0, "top_p": 1.0, "top_k": -1}}
+
+SERVER_URL_FORMS = "http://HOST:PORT or http://HOST:PORT/v1 (https too)"
+# The paths a server URL may end with: the server's root, or the OpenAI base URL users copy from a client.
+ROOT_PATHS = ("", "/", "/v1", "/v1/")
+
+
+def server_root(url: str) -> str:
+    """A vLLM server's root URL (`http://host:port`) from the URL a user gives for it (`--vllm`).
+
+    The gateway appends `/v1/chat/completions` and `/health` to it, so any other path (`/v1/v1/...`) or
+    part that would be dropped or misread is refused here rather than failing every call later.
+    """
+    parts = urlsplit(url.strip())
+    problem = _url_problem(url.strip(), parts)
+    if problem is not None:
+        raise ValueError(f"--vllm {url!r}: {problem}; give the server's URL as {SERVER_URL_FORMS}")
+    return f"{parts.scheme}://{parts.netloc}"
+
+
+def _url_problem(url: str, parts: SplitResult) -> str | None:
+    if parts.scheme not in ("http", "https"):
+        return "it does not start with http:// or https://"
+    if not parts.hostname:
+        return "it names no host"
+    try:
+        parts.port  # noqa: B018 - raises ValueError for a port that is not a number in 0-65535
+    except ValueError:
+        return "its port is not a number from 0 to 65535"
+    if parts.username is not None or parts.password is not None:
+        return "it holds credentials"
+    if parts.query or parts.fragment or url.endswith(("?", "#")):
+        return "it has a query or a fragment"
+    if parts.path not in ROOT_PATHS:
+        return f"its path {parts.path!r} is neither / nor /v1"
+    return None
 
 
 @dataclass(frozen=True)
 class GatewaySettings:
     """How the gateway routes, samples, records and reloads."""
 
-    servers: tuple[str, ...] = ()  # base URLs of vLLM servers (http://127.0.0.1:8000)
+    # Base URLs of vLLM servers; each is normalized to the server's root (see server_root).
+    servers: tuple[str, ...] = ()
     # Sampling parameters forced per split (the rollout's `otel_rl.split`); other splits send the client's.
     split_sampling: dict[str, dict[str, Any]] = field(default_factory=lambda: dict(DEFAULT_SPLIT_SAMPLING))
-    upstream_timeout_s: float = 600.0  # one model call (a long generation is legitimate)
+    # One model call (a long generation is legitimate); also how long a call waits for a server to answer
+    # its connect when every server is down.
+    upstream_timeout_s: float = 600.0
     connect_timeout_s: float = 5.0
     health_interval_s: float = 2.0
     pause_wait_s: float = 30.0  # how long a new request waits for a reload before 503 + Retry-After
@@ -25,6 +64,7 @@ class GatewaySettings:
     span_flush_ms: int = 50  # batch delay of the span exporter (the trainer waits for spans)
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "servers", tuple(server_root(url) for url in self.servers))
         for split, params in self.split_sampling.items():
             if not isinstance(params, dict):
                 raise ValueError(f"split_sampling[{split!r}] must be an object of sampling parameters")
