@@ -8,7 +8,7 @@ import os
 import secrets
 import threading
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -34,6 +34,9 @@ class Principal:
 
     admin: bool
     rollout_id: str | None = None
+    # The rollout identity the key was issued with (otel_rl.* keys: attempt, group, task, split): what its
+    # records may say. Kept in memory: after a restart, a key's records are held to its rollout id alone.
+    identity: Mapping[str, str] = field(default_factory=dict)
 
 
 ADMIN = Principal(admin=True)
@@ -130,9 +133,11 @@ class Auth:
         self._admin_token = admin_token.encode()
         self._lock = threading.Lock()
         self._rollout_keys = store.rollout_keys()
+        self._identities: dict[str, dict[str, str]] = {}  # key hash -> identity it was issued with
 
-    def issue_rollout_key(self, rollout_id: str) -> str:
-        """A new key that acts for `rollout_id` only; it survives restarts (its hash is in the store)."""
+    def issue_rollout_key(self, rollout_id: str, identity: Mapping[str, str] | None = None) -> str:
+        """A new key that acts for `rollout_id` only, with the rest of its `identity` (otel_rl.* keys); it
+        survives restarts (its hash is in the store; the identity beyond the rollout id does not)."""
         if not rollout_id:
             raise ValueError("a rollout key needs a rollout id")
         key = ROLLOUT_KEY_PREFIX + secrets.token_urlsafe(24)
@@ -140,6 +145,8 @@ class Auth:
         self._store.add_rollout_key(hashed, rollout_id)
         with self._lock:
             self._rollout_keys[hashed] = rollout_id
+            if identity:
+                self._identities[hashed] = dict(identity)
         return key
 
     def authenticate(self, authorization: str | None) -> Principal:
@@ -149,10 +156,11 @@ class Auth:
             raise Unauthorized("missing bearer token: send 'Authorization: Bearer <token>'")
         if hmac.compare_digest(token.encode(), self._admin_token):
             return ADMIN
-        rollout_id = self._rollout_keys.get(key_hash(token))
+        hashed = key_hash(token)
+        rollout_id = self._rollout_keys.get(hashed)
         if rollout_id is None:
             raise Unauthorized("unknown bearer token")
-        return Principal(admin=False, rollout_id=rollout_id)
+        return Principal(admin=False, rollout_id=rollout_id, identity=self._identities.get(hashed, {}))
 
     def require_admin(self, authorization: str | None) -> Principal:
         """The admin principal, or Unauthorized / Forbidden."""

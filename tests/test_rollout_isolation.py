@@ -131,10 +131,10 @@ def export(server, signal: str, request, token: str, transport: str):
     return response_type.FromString(reply.content)
 
 
-def rollout_key(server, rollout_id: str) -> str:
-    reply = httpx.post(
-        f"{server.http_url}/v1/admin/rollouts/{rollout_id}/key", headers=server.auth, timeout=10
-    )
+def rollout_key(server, rollout_id: str, **identity: str) -> str:
+    """A key issued for `rollout_id`, with the rest of its identity (attempt_id, group_id, ...)."""
+    url = f"{server.http_url}/v1/admin/rollouts/{rollout_id}/key"
+    reply = httpx.post(url, json=identity, headers=server.auth, timeout=10)
     assert reply.status_code == 200, reply.text
     return reply.json()["key"]
 
@@ -321,6 +321,27 @@ def test_a_rollout_keys_records_without_an_id_stay_in_its_rollout(otel_rl_server
     assert [c["model"] for c in mine["llm_calls"]] == ["mine"]
     assert mine["rewards"] == [
         {"span_id": victim["call"].hex(), "level": "outcome", "value": -5.0, "source": "harness"}
+    ]
+
+
+@pytest.mark.parametrize("transport", TRANSPORTS)
+def test_a_rollout_key_cannot_place_its_rollout_in_another_group(otel_rl_server, victim, transport) -> None:
+    """The identity a key was issued with binds its records: a harness cannot join another GRPO group (and
+    skew that group's advantages), nor relabel its attempt or split; what it does not say, the key says."""
+    own = "grouped-" + os.urandom(6).hex()
+    key = rollout_key(otel_rl_server, own, group_id="own-group", attempt_id="a1", split="train")
+    for key_name, value in ((attr.GROUP_ID, "victim-group"), (attr.ATTEMPT_ID, "a2"), (attr.SPLIT, "val")):
+        trace, span = new_ids()
+        request = spans({"trace": trace, "span": span, "attributes": [kv(key_name, value)]})
+        response = export(otel_rl_server, "traces", request, key, transport)
+        assert response.partial_success.rejected_spans == 1
+        assert f"{key_name} '{value}' is not this key's" in response.partial_success.error_message
+    trace, span = new_ids()
+    request = spans({"trace": trace, "span": span, "attributes": call_attributes("mine")})
+    assert not export(otel_rl_server, "traces", request, key, transport).HasField("partial_success")
+    assert victim_rows(otel_rl_server, victim["rollout_id"]) == victim["before"]
+    assert victim_rows(otel_rl_server, own)["llm_calls"] == [
+        {"span_id": span.hex(), "model": "mine", "group_id": "own-group"}
     ]
 
 

@@ -2,7 +2,7 @@
 
 import math
 from collections import Counter
-from collections.abc import Callable, Iterator, MutableSequence
+from collections.abc import Callable, Iterator, Mapping, MutableSequence
 from dataclasses import dataclass
 
 from google.protobuf.message import Message
@@ -84,21 +84,22 @@ def refuse_records(signal: Signal, request: ExportRequest, principal: Principal)
     their rewards are the harness's (`otel_rl.reward.source` rewritten), never a grader's.
     """
     refused: Counter[str] = Counter()
-    rollout_id = None if principal.admin else principal.rollout_id or ""
-    if rollout_id is None and signal == "metrics":  # the admin's data points carry no reward
+    # What a rollout key's records may say: its rollout id, and the rest of the identity it was issued with.
+    own = None if principal.admin else {**principal.identity, ROLLOUT_ID: principal.rollout_id or ""}
+    if own is None and signal == "metrics":  # the admin's data points carry no reward
         return refused
     check = _RECORD_CHECKS[signal]
     for resource, records in _record_lists(signal, request):
-        if rollout_id is not None:
-            problem = _identity_problem(resource.attributes, rollout_id)
+        if own is not None:
+            problem = _identity_problem(resource.attributes, own)
             if problem is not None:
                 refused[f"resource: {problem}"] += len(records)
                 del records[:]
                 continue
-            _stamp(resource, rollout_id)
+            _stamp(resource, own)
         # The admin's records need a look only where they hold a reward: found with no call per record.
-        suspects = records if rollout_id is not None else _with_rewards(signal, records)
-        problems = [(record, check(record, rollout_id)) for record in suspects]
+        suspects = records if own is not None else _with_rewards(signal, records)
+        problems = [(record, check(record, own)) for record in suspects]
         if any(problem is not None for _, problem in problems):
             refused.update(problem for _, problem in problems if problem is not None)
             bad = {id(record) for record, problem in problems if problem is not None}
@@ -133,41 +134,41 @@ def _record_lists(signal: Signal, request: ExportRequest) -> Iterator[tuple[Reso
                         yield rm.resource, getattr(metric, kind).data_points
 
 
-def _span_problem(span: Span, rollout_id: str | None) -> str | None:
-    if rollout_id is not None:
-        problem = _identity_problem(span.attributes, rollout_id)
+def _span_problem(span: Span, own: Mapping[str, str] | None) -> str | None:
+    if own is not None:
+        problem = _identity_problem(span.attributes, own)
         if problem is not None:
             return f"span: {problem}"
         for link in span.links:
-            problem = _identity_problem(link.attributes, rollout_id)
+            problem = _identity_problem(link.attributes, own)
             if problem is not None:
                 return f"span link: {problem}"
     for event in span.events:
-        if rollout_id is not None:
-            problem = _identity_problem(event.attributes, rollout_id)
+        if own is not None:
+            problem = _identity_problem(event.attributes, own)
             if problem is not None:
                 return f"span event {_quote(event.name)}: {problem}"
         if event.name == EVALUATION_EVENT:
-            problem = _reward_problem(event.attributes, rollout_id)
+            problem = _reward_problem(event.attributes, own is not None)
             if problem is not None:
                 return f"span event {EVALUATION_EVENT}: {problem}"
     return None
 
 
-def _log_problem(record: LogRecord, rollout_id: str | None) -> str | None:
-    if rollout_id is not None:
-        problem = _identity_problem(record.attributes, rollout_id)
+def _log_problem(record: LogRecord, own: Mapping[str, str] | None) -> str | None:
+    if own is not None:
+        problem = _identity_problem(record.attributes, own)
         if problem is not None:
             return f"log record: {problem}"
     if record.event_name == EVALUATION_EVENT:
-        problem = _reward_problem(record.attributes, rollout_id)
+        problem = _reward_problem(record.attributes, own is not None)
         if problem is not None:
             return f"log record {EVALUATION_EVENT}: {problem}"
     return None
 
 
-def _data_point_problem(point: Message, rollout_id: str | None) -> str | None:
-    problem = None if rollout_id is None else _identity_problem(point.attributes, rollout_id)
+def _data_point_problem(point: Message, own: Mapping[str, str] | None) -> str | None:
+    problem = None if own is None else _identity_problem(point.attributes, own)
     return None if problem is None else f"data point: {problem}"
 
 
@@ -178,8 +179,8 @@ _RECORD_CHECKS: dict[Signal, Callable[..., str | None]] = {
 }
 
 
-def _identity_problem(attributes: MutableSequence, rollout_id: str) -> str | None:
-    """Why identity attributes may not come from the key of `rollout_id`, or None when they may.
+def _identity_problem(attributes: MutableSequence, own: Mapping[str, str]) -> str | None:
+    """Why identity attributes may not come from the key whose identity is `own`, or None when they may.
 
     Every occurrence is read: the check must see the value the store keeps (the last) as well as the first.
     """
@@ -192,20 +193,23 @@ def _identity_problem(attributes: MutableSequence, rollout_id: str) -> str | Non
         if value.WhichOneof("value") != "string_value":
             return f"{key} must be a string, not {value.WhichOneof('value') or 'empty'}"
         text = value.string_value
-        if key == ROLLOUT_ID and text != rollout_id:
-            return f"{key} {_quote(text)} is another rollout than this key's ({_quote(rollout_id)})"
+        expected = own.get(key)
+        if key == ROLLOUT_ID and text != expected:
+            return f"{key} {_quote(text)} is another rollout than this key's ({_quote(expected)})"
+        if expected is not None and text != expected:  # e.g. a rollout placing itself in another group
+            return f"{key} {_quote(text)} is not this key's ({_quote(expected)})"
         if seen.setdefault(key, text) != text:
             return f"{key} is given twice, with different values"
     return None
 
 
-def _reward_problem(attributes: MutableSequence, rollout_id: str | None) -> str | None:
+def _reward_problem(attributes: MutableSequence, from_rollout_key: bool) -> str | None:
     """Why a reward's attributes are refused (a non-finite value), or None; a rollout key's reward then
     gets the source `harness`, whatever its sender wrote: the source says which credential sent it."""
     for kv in attributes:
         if kv.key == EVALUATION_SCORE_VALUE and not _finite(kv.value):
             return f"{EVALUATION_SCORE_VALUE} must be a finite number"
-    if rollout_id is not None:
+    if from_rollout_key:
         for i in reversed(range(len(attributes))):
             if attributes[i].key == REWARD_SOURCE:
                 del attributes[i]
@@ -226,10 +230,13 @@ def _finite(value: AnyValue) -> bool:
     return True
 
 
-def _stamp(resource: Resource, rollout_id: str) -> None:
-    """Give the resource the key's rollout id, so that its records are never placed by trace inheritance."""
-    if not any(kv.key == ROLLOUT_ID for kv in resource.attributes):
-        resource.attributes.add(key=ROLLOUT_ID).value.string_value = rollout_id
+def _stamp(resource: Resource, own: Mapping[str, str]) -> None:
+    """Give the resource the key's identity where it has none, so that its records are never placed by
+    trace inheritance (and a harness started without its identity is attributed in full)."""
+    present = {kv.key for kv in resource.attributes}
+    for key, value in own.items():
+        if key not in present:
+            resource.attributes.add(key=key).value.string_value = value
 
 
 def _quote(text: str) -> str:

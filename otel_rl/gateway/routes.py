@@ -92,7 +92,7 @@ def gateway_router(gateway: Gateway, *, public_metrics: bool = False) -> APIRout
                     SPLIT: given.split,
                 },
             )
-            key = gateway.auth.issue_rollout_key(rollout_id)
+            key = gateway.auth.issue_rollout_key(rollout_id, identity)
         except ValueError as error:
             return _refusal(error)
         except (Saturated, StoreUnavailable) as error:  # the key's hash could not be stored: retry later
