@@ -52,7 +52,7 @@ def create_app(settings: ServeSettings):  # noqa: ANN201 - FastAPI, imported laz
     from fastapi.openapi.docs import get_redoc_html, get_swagger_ui_html
     from fastapi.responses import HTMLResponse, JSONResponse
 
-    from otel_rl.auth import Auth, admin_required, admin_token
+    from otel_rl.auth import Auth, Forbidden, Unauthorized, admin_required, admin_token
     from otel_rl.collector.http import collector_router
     from otel_rl.collector.rewards import rewards_router
     from otel_rl.gateway.routes import ModelCallRoutes, gateway_router
@@ -119,6 +119,14 @@ def create_app(settings: ServeSettings):  # noqa: ANN201 - FastAPI, imported laz
 
     @app.exception_handler(RequestValidationError)
     async def invalid_request(request: Request, exc: RequestValidationError) -> JSONResponse:
+        # Every route whose body FastAPI validates is an admin route, and FastAPI parses a body before it
+        # runs the credential dependency: a request without the token hears 401 here, not what its body lacks.
+        try:
+            auth.require_admin(request.headers.get("authorization"))
+        except Unauthorized as denied:
+            return JSONResponse({"detail": str(denied)}, 401, headers={"WWW-Authenticate": "Bearer"})
+        except Forbidden as denied:
+            return JSONResponse({"detail": str(denied)}, 403)
         # FastAPI echoes each bad value in its 422, and one JSON cannot hold (a NaN reward) made it a 500.
         errors = [{key: value for key, value in error.items() if key != "input"} for error in exc.errors()]
         return JSONResponse({"detail": jsonable_encoder(errors)}, status_code=422)

@@ -2,6 +2,7 @@
 
 import base64
 import hashlib
+import json
 import subprocess
 import threading
 import time
@@ -244,16 +245,23 @@ def test_otel_rl_sql_reads_the_token_from_the_file_otel_rl_token_file_names(sand
         ("POST", "/v1/rewards", {"value": "not a number"}),
         ("POST", "/v1/admin/policy", {"version": "x"}),
         ("POST", "/v1/admin/rollouts/r1/key", {"split": ["not", "a", "string"]}),
+        # not JSON at all: FastAPI parses a body before it runs any dependency
+        ("POST", "/v1/query", b'{"sql": '),
+        ("POST", "/v1/rewards", b"\xff\xfe"),
     ],
 )
 def test_admin_endpoints_check_the_token_before_the_body(sandboxed, method, path, body) -> None:
-    url = sandboxed.http_url + path
+    content = body if isinstance(body, bytes) else json.dumps(body).encode()
 
-    without = httpx.request(method, url, json=body, timeout=10)
-    with_admin = httpx.request(method, url, json=body, headers=sandboxed.auth, timeout=10)
+    def send(**headers: str) -> httpx.Response:
+        headers = {"Content-Type": "application/json", **headers}
+        return httpx.request(method, sandboxed.http_url + path, content=content, headers=headers, timeout=10)
+
+    without, unknown, with_admin = send(), send(Authorization="Bearer unknown"), send(**sandboxed.auth)
 
     assert without.status_code == 401, without.text
     assert without.headers["www-authenticate"] == "Bearer"
+    assert unknown.status_code == 401, unknown.text
     assert with_admin.status_code == 422
 
 
