@@ -251,3 +251,32 @@ def test_a_checkpoint_failing_on_a_full_disk_reopens_the_invalidated_store_and_l
     with Store(small_disk / "otel_rl.duckdb") as reopened:
         stored = set(reopened.query_arrow("SELECT DISTINCT trace_id FROM spans").column(0).to_pylist())
     assert [trace for trace in acked if trace not in stored] == []
+
+
+def test_gateway_spans_that_meet_a_full_disk_are_held_and_stored_once_space_returns(small_disk: Path) -> None:
+    """The callers already have their answers: their spans wait in the gateway's writer, not on the floor."""
+    from opentelemetry.sdk.resources import Resource
+    from test_gateway_spans import records
+
+    from otel_rl.gateway.span_rows import CallSpanWriter
+
+    store = Store(small_disk / "otel_rl.duckdb")
+    writer = CallSpanWriter(store.submit, Resource.create({}), flush_ms=50)
+    try:
+        ballast = fill(small_disk)
+        for record in records():
+            writer.write(record)
+        deadline = time.monotonic() + 10
+        while store.write_failure is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert store.write_failure is not None  # the writer's flush met the full disk
+        ballast.unlink()
+        time.sleep(1.5)  # the refusal window, then a flush or two
+    finally:
+        writer.close()
+    try:
+        stored = store.query_arrow("SELECT count(*) AS n FROM spans").column("n")[0].as_py()
+        tokens = store.query_arrow("SELECT count(*) AS n FROM call_tokens").column("n")[0].as_py()
+    finally:
+        store.close()
+    assert (stored, tokens) == (len(records()), 1)
