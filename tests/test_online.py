@@ -91,8 +91,14 @@ def test_only_the_final_attempts_calls_and_rewards_are_trained_on():
             "span_id": ["old", "old_unknown", "new", "new_unknown"],
         }
     )
+    # the first attempt's reward dated in the future by its sender: received before the final attempt began
     rewards = pl.DataFrame(
-        {"rollout_id": ["r", "r"], "time": [t, t + timedelta(seconds=1)], "value": [0.0, 1.0]}
+        {
+            "rollout_id": ["r", "r"],
+            "time": [t + timedelta(days=365), t + timedelta(seconds=1)],
+            "received_at": [t, t + timedelta(seconds=1)],
+            "value": [0.0, 1.0],
+        }
     )
     kept_calls, kept_rewards = final_attempts_only(calls, rewards, attempts)
     assert kept_calls["span_id"].to_list() == ["new", "new_unknown"]

@@ -88,7 +88,8 @@ def final_attempts_only(
     """The calls and rewards of each rollout's final attempt (`attempts`: rollout_id, final_attempt,
     attempt_start_ns), without those of the attempts before it, which share its rollout id.
 
-    A call whose attempt is unknown, and any reward, counts when it started after the final attempt did.
+    A call whose attempt is unknown counts when it started after the final attempt did, and a reward when
+    the server received it after that (its own time is the sender's clock, which a harness sets).
     """
     starts = attempts.select("rollout_id", "final_attempt", pl.col("attempt_start_ns").cast(pl.Int64))
     calls = (
@@ -104,7 +105,7 @@ def final_attempts_only(
     )
     rewards = (
         rewards.join(starts, on="rollout_id", how="left")
-        .filter(pl.col("time").dt.epoch("ns") >= pl.col("attempt_start_ns"))
+        .filter(pl.col("received_at").dt.epoch("ns") >= pl.col("attempt_start_ns"))
         .drop("final_attempt", "attempt_start_ns")
     )
     return calls, rewards
