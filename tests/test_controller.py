@@ -144,7 +144,9 @@ def test_infrastructure_failures_are_retried_as_new_attempts_and_harness_errors_
 
 def test_a_timeout_kills_the_whole_process_group(probe_run):
     out, _, results = probe_run
-    assert results["hang"].attempts[0].duration_s < 6 + 0.5 + 3
+    # The attempt's time includes issuing its key and starting the harness, seconds on a loaded 2-core
+    # machine (9.8-22 s seen beside other jobs): far below the 600 s the harness would sleep shows the kill.
+    assert 6 <= results["hang"].attempts[0].duration_s < 6 + 0.5 + 30
     pids = [int(path.read_text()) for path in (out / "hang").glob("grandchild-*.pid")]
     assert len(pids) == 2
     deadline = time.monotonic() + 5
