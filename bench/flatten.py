@@ -15,7 +15,7 @@ from opentelemetry.proto.trace.v1.trace_pb2 import Span
 
 from otel_rl.collector.flatten import traces_to_tables
 
-FIXTURES = Path(__file__).resolve().parents[2] / "shared" / "fixtures" / "otel"
+FIXTURES = Path(__file__).resolve().parents[1] / "tests" / "captures" / "otel"
 SPANS_PER_REQUEST = 512
 TARGET_SPANS_PER_S = 50_000  # flatten's share of the collector's 20K spans/s end-to-end budget
 

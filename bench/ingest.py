@@ -29,7 +29,7 @@ from otel_rl_server import ServerProcess  # noqa: E402 - the tests' real-server 
 from otel_rl.collector.flatten import traces_to_tables  # noqa: E402
 from otel_rl.store import Store  # noqa: E402
 
-FIXTURES = Path(__file__).resolve().parents[2] / "shared" / "fixtures" / "otel"
+FIXTURES = Path(__file__).resolve().parents[1] / "tests" / "captures" / "otel"
 SPANS_PER_REQUEST = 512
 TRACES_PER_REQUEST = 8
 TARGET_SPANS_PER_CORE = 20_000

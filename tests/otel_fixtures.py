@@ -1,17 +1,13 @@
-"""The captured OTLP/HTTP requests of ../shared/fixtures/otel/: bodies, headers and decoded protos."""
+"""The captured OTLP/HTTP requests of tests/captures/otel/: bodies, headers and decoded protos."""
 
 import json
 from dataclasses import dataclass
 from pathlib import Path
 
-import pytest
-
 from otel_rl.collector.decode import REQUEST_TYPES, ExportRequest, Signal, parse_otlp_json
 
-FIXTURES = Path(__file__).parents[1].parent / "shared" / "fixtures" / "otel"
-requires_fixtures = pytest.mark.skipif(
-    not FIXTURES.is_dir(), reason=f"OTLP fixtures not found at {FIXTURES} (shared/ goes beside the clone)"
-)
+# Committed with the tests (tests/captures/otel/README.md says which libraries, versions and runs made them).
+FIXTURES = Path(__file__).parent / "captures" / "otel"
 
 
 @dataclass(frozen=True)
@@ -48,7 +44,7 @@ class CapturedRequest:
 
 
 def captured_requests() -> list[CapturedRequest]:
-    """Every captured request body (.bin, .json, .gz), sorted by path; empty when the fixtures are absent."""
+    """Every captured request body (.bin, .json, .gz), sorted by path."""
     found = []
     for meta_path in sorted(FIXTURES.rglob("*.meta.json")):
         meta = json.loads(meta_path.read_text())

@@ -13,7 +13,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
     ExportTraceServiceRequest,
     ExportTraceServiceResponse,
 )
-from otel_fixtures import CapturedRequest, captured_requests, requires_fixtures
+from otel_fixtures import CapturedRequest, captured_requests
 
 from otel_rl.attributes import ROLLOUT_ID
 from otel_rl.collector import flatten, metrics
@@ -48,7 +48,6 @@ def stored_spans(server, trace_id: str) -> int:
     return server.scalar(f"SELECT count(*) FROM spans WHERE trace_id = '{trace_id}'")
 
 
-@requires_fixtures
 @pytest.mark.parametrize("captured", CAPTURED, ids=[c.name for c in CAPTURED])
 def test_every_captured_export_is_stored_in_its_real_encoding(
     otel_rl_server, captured: CapturedRequest

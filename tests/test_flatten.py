@@ -14,7 +14,7 @@ from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportM
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
-from otel_fixtures import captured_requests, requires_fixtures
+from otel_fixtures import captured_requests
 
 from otel_rl.collector.flatten import logs_to_tables, traces_to_tables
 from otel_rl.collector.metrics import metrics_to_tables
@@ -164,7 +164,6 @@ def test_attribute_values_map_to_json_and_ids_to_lowercase_hex(db) -> None:
     assert row[6] == NOW
 
 
-@requires_fixtures
 def test_every_captured_request_flattens_into_the_schema(db) -> None:
     seq = 0
     for captured in captured_requests():

@@ -5,13 +5,11 @@ import json
 import numpy as np
 import polars as pl
 import pytest
-from otel_fixtures import captured_requests, requires_fixtures
+from otel_fixtures import captured_requests
 
 from otel_rl.store import Store
 from otel_rl.transforms.merge import merge_segments
 from otel_rl.transforms.tokens import call_tokens, measure_drift
-
-pytestmark = requires_fixtures
 
 AGENT_TOOL_CALL = '<tool_call>{"name": "get_weather", "arguments": {"city": "Paris"}}</tool_call><|im_end|>'
 AGENT_ANSWER = "It is 18°C and sunny in Paris.<|im_end|>"

@@ -19,7 +19,7 @@ from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.trace import Status, StatusCode
-from otel_fixtures import captured_requests, requires_fixtures
+from otel_fixtures import captured_requests
 
 from otel_rl import attributes as attr
 
@@ -117,9 +117,6 @@ def tool_call(name: str, arguments: dict, call_id: str = "call_fake0weather") ->
 def tool_calls_of(message: dict) -> list[dict]:
     """A message's tool calls with their arguments parsed (libraries differ in JSON spacing)."""
     return [call | {"arguments": json.loads(call["arguments"])} for call in message["tool_calls"] or []]
-
-
-pytestmark = requires_fixtures
 
 
 @pytest.mark.parametrize("run", sorted(DIALECTS))
