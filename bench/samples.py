@@ -37,7 +37,7 @@ from otel_rl.collector.rewards import RewardIn, reward_log_request
 from otel_rl.query import sql_list
 from otel_rl.store import Store
 from otel_rl.store.window import StoreWindow
-from otel_rl.train.online import WINDOW_SLACK_NS
+from otel_rl.train.groups import WINDOW_SLACK_NS
 from otel_rl.transforms.export import pad, to_dataproto
 from otel_rl.transforms.merge import flat_lists
 from otel_rl.transforms.samples import SampleOptions, build_samples, load_inputs

@@ -30,7 +30,8 @@ from otel_rl.controller import Controller, ControllerSettings, group_rollouts  #
 from otel_rl.gateway.vllm import VLLMServer, free_ports  # noqa: E402
 from otel_rl.tinymodel import init_model  # noqa: E402
 from otel_rl.train.config import config_from_dict  # noqa: E402
-from otel_rl.train.online import ServerClient, run_online  # noqa: E402
+from otel_rl.train.online import run_online  # noqa: E402
+from otel_rl.train.server_client import ServerClient  # noqa: E402
 
 PAUSE_AIM = 0.05
 TOKEN = "bench-admin-token"

@@ -18,7 +18,7 @@ from otel_rl.controller import Controller, ControllerSettings, Rollout, RolloutS
 from otel_rl.controller.environment import CONTRACT_VARS, harness_argv, harness_environment
 from otel_rl.controller.forkserver import ForkServer, python_target
 from otel_rl.controller.local import classify
-from otel_rl.train.online import ServerClient
+from otel_rl.train.server_client import ServerClient
 
 PROBE = str(Path(__file__).parent / "harnesses" / "probe.py")
 

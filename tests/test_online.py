@@ -13,16 +13,10 @@ from otel_rl import attributes as attr
 from otel_rl.gateway.vllm import free_ports
 from otel_rl.query import sql_list
 from otel_rl.train.config import ConfigError, TrainConfig, config_from_dict
-from otel_rl.train.online import (
-    OnlineTrainingError,
-    ServerClient,
-    final_attempts_only,
-    oldest_versions,
-    read_tasks,
-    reusable_groups,
-    run_online,
-    task_for_group,
-)
+from otel_rl.train.groups import final_attempts_only, oldest_versions, reusable_groups
+from otel_rl.train.online import run_online
+from otel_rl.train.server_client import OnlineTrainingError, ServerClient
+from otel_rl.train.tasks import read_tasks, task_for_group
 
 
 def test_tasks_come_once_per_epoch_in_a_seeded_order(tmp_path):

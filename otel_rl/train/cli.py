@@ -35,7 +35,7 @@ def train_command(
 
     from otel_rl.query import QueryError
     from otel_rl.train.config import ConfigError, load_config
-    from otel_rl.train.online import OnlineTrainingError
+    from otel_rl.train.server_client import OnlineTrainingError
 
     hf_logging.disable_progress_bar()  # our own progress bars say what is happening
     console = Console()

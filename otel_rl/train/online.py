@@ -1,384 +1,42 @@
-"""Online training: harness rollouts in groups → samples → one update → all servers reload, asynchronously."""
+"""Online training: harness rollouts in groups → samples → one update → all servers reload, asynchronously.
+
+The loop; its edges live beside it: tasks.py, groups.py (what the store says about groups), server_client.py,
+records.py and resume.py.
+"""
 
 from __future__ import annotations
 
 import asyncio
-import json
-import os
-import random
 import signal
 import time
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict, dataclass, field, replace
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-import httpx
 import polars as pl
-from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
-from opentelemetry.sdk.resources import Resource
-from opentelemetry.sdk.trace import TracerProvider
-from opentelemetry.sdk.trace.export import BatchSpanProcessor
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from otel_rl import attributes as attr
 from otel_rl.controller import Controller, ControllerSettings, Rollout, RolloutResult, group_rollouts, new_id
-from otel_rl.query import sql_list
 from otel_rl.store.window import StoreWindow
-from otel_rl.train.config import ConfigError, TrainConfig
+from otel_rl.train.config import TrainConfig
+from otel_rl.train.groups import (
+    WINDOW_SLACK_NS,
+    attempt_progress_sql,
+    oldest_versions,
+    read_groups,
+    reusable_groups,
+)
+from otel_rl.train.records import EvalRecord, OnlineResult, RunRecorder, StepRecord, format_eval, format_step
+from otel_rl.train.resume import OnlineState, latest_checkpoint, run_id_of, save_checkpoint
+from otel_rl.train.server_client import OnlineTrainingError, ServerClient, server_token
+from otel_rl.train.tasks import read_tasks, task_for_group
 from otel_rl.train.worker import TrainerProcess
 
-STATE_FILE = "online_state.json"  # in each step-N checkpoint: what a restart resumes from
-RUN_FILE = "run.json"  # in output_dir: the run's id, the prefix of its group ids
 STORE_WAIT_S = 120.0  # how long a finished rollout's spans may take to reach the store
 POLL_S = 0.2
-# Reads of a step's attempts start this long before the oldest of them: clocks of other hosts (Kubernetes
-# pods) may run a little behind the controller's. Earlier rows are only read, not used.
-WINDOW_SLACK_NS = 5_000_000_000
-
-
-class OnlineTrainingError(RuntimeError):
-    """The online loop cannot go on; the message says what to check."""
-
-
-# --- tasks ----------------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Task:
-    """One line of a tasks file: a JSON object with an `id`."""
-
-    task_id: str
-    payload: dict[str, Any]
-
-
-def read_tasks(path: Path) -> list[Task]:
-    """The tasks of a JSONL file; errors name the file and line."""
-    tasks: list[Task] = []
-    for number, line in enumerate(Path(path).read_text().splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            payload = json.loads(line)
-        except json.JSONDecodeError as error:
-            raise ConfigError(f"{path}:{number}: not JSON ({error})") from None
-        if not isinstance(payload, dict) or "id" not in payload:
-            raise ConfigError(f'{path}:{number}: a task is a JSON object with an "id"')
-        tasks.append(Task(str(payload["id"]), payload))
-    if not tasks:
-        raise ConfigError(f"{path}: no tasks")
-    return tasks
-
-
-def task_for_group(tasks: Sequence[Task], index: int, seed: int) -> Task:
-    """The task of the index-th group: every task once per epoch, in a seeded order per epoch."""
-    epoch, position = divmod(index, len(tasks))
-    order = list(range(len(tasks)))
-    random.Random(seed * 1_000_003 + epoch).shuffle(order)
-    return tasks[order[position]]
-
-
-# --- what the store says about groups -------------------------------------------------------------------
-
-
-def final_attempts_only(
-    calls: pl.DataFrame, rewards: pl.DataFrame, attempts: pl.DataFrame
-) -> tuple[pl.DataFrame, pl.DataFrame]:
-    """The calls and rewards of each rollout's final attempt (`attempts`: rollout_id, final_attempt,
-    attempt_start_ns), without those of the attempts before it, which share its rollout id.
-
-    A call whose attempt is unknown counts when it started after the final attempt did, and a reward when
-    the server received it after that (its own time is the sender's clock, which a harness sets).
-    """
-    starts = attempts.select("rollout_id", "final_attempt", pl.col("attempt_start_ns").cast(pl.Int64))
-    calls = (
-        calls.join(starts, on="rollout_id", how="left")
-        .filter(
-            (pl.col("attempt_id") == pl.col("final_attempt"))
-            | (
-                pl.col("attempt_id").is_null()
-                & (pl.col("start_time_unix_nano").cast(pl.Int64) >= pl.col("attempt_start_ns"))
-            )
-        )
-        .drop("final_attempt", "attempt_start_ns")
-    )
-    rewards = (
-        rewards.join(starts, on="rollout_id", how="left")
-        .filter(pl.col("received_at").dt.epoch("ns") >= pl.col("attempt_start_ns"))
-        .drop("final_attempt", "attempt_start_ns")
-    )
-    return calls, rewards
-
-
-def oldest_versions(attempts: pl.DataFrame, groups: Mapping[str, str]) -> dict[str, int | None]:
-    """The oldest policy version that sampled any call of each group (None: no call recorded one).
-
-    `attempts` has `attempt_id` and `policy_version` (its oldest call's); `groups` maps attempt ids to groups.
-    """
-    members = pl.DataFrame({"attempt_id": list(groups), "group_id": list(groups.values())})
-    versions = attempts.select(pl.col("attempt_id").cast(pl.String), pl.col("policy_version").cast(pl.Int64))
-    oldest = (
-        members.join(versions, on="attempt_id", how="left").group_by("group_id").agg(pl.min("policy_version"))
-    )
-    return dict(oldest.iter_rows())
-
-
-def reusable_groups(
-    rollouts: pl.DataFrame, *, consumed: set[str], group_size: int, oldest_version: int
-) -> list[str]:
-    """Groups a previous run of this loop finished but never trained on, still fresh enough to use.
-
-    `rollouts` are this run's train rows of the `rollouts` view (one per rollout, its final attempt). A group
-    qualifies when all its `group_size` rollouts finished and none has a call older than `oldest_version`.
-    """
-    groups = (
-        rollouts.group_by("group_id")
-        .agg(
-            pl.len().alias("n"),
-            (pl.col("status") == "running").any().alias("running"),
-            pl.col("policy_version_min").min().alias("version"),
-            pl.col("ended_at").max().alias("ended_at"),
-        )
-        .filter(
-            (pl.col("n") == group_size)
-            & ~pl.col("running")
-            & (pl.col("version").is_null() | (pl.col("version") >= oldest_version))
-            & ~pl.col("group_id").is_in(sorted(consumed))
-        )
-        .sort("ended_at")
-    )
-    return groups["group_id"].to_list()
-
-
-# The loop reads the controller's and the gateway's spans directly where it needs one attempt's facts
-# (the `rollouts` view has one row per rollout) or only a few fields cheaply, while rollouts run.
-
-
-def attempt_progress_sql(attempt_ids: Sequence[str], since_ns: int) -> str:
-    """Per attempt (all started at `since_ns` or later): whether its controller status span arrived, and its
-    oldest call's policy version. The time bound lets DuckDB skip older row groups: without it every poll
-    parsed every stored call's attributes."""
-    return (
-        f"SELECT attributes ->> '{attr.ATTEMPT_ID}' AS attempt_id, "
-        f"bool_or(scope_name = '{attr.CONTROLLER_SCOPE}') AS finished, "
-        f"min(TRY_CAST(attributes ->> '{attr.POLICY_VERSION}' AS INTEGER)) "
-        f"FILTER (WHERE scope_name = '{attr.GATEWAY_SCOPE}') AS policy_version "
-        f"FROM spans WHERE start_time_unix_nano >= {since_ns} "
-        f"AND scope_name IN ('{attr.CONTROLLER_SCOPE}', '{attr.GATEWAY_SCOPE}') "
-        f"AND attributes ->> '{attr.ATTEMPT_ID}' IN {sql_list(attempt_ids)} GROUP BY 1"
-    )
-
-
-def final_attempts_sql(group_ids: Sequence[str]) -> str:
-    """Per rollout of the groups: its final attempt as the controller recorded it, and when it started."""
-    return (
-        f"SELECT attributes ->> '{attr.ROLLOUT_ID}' AS rollout_id, "
-        f"arg_max(attributes ->> '{attr.ATTEMPT_ID}', start_time_unix_nano) AS final_attempt, "
-        f"any_value(attributes ->> '{attr.GROUP_ID}') AS group_id, "
-        f"any_value(attributes ->> '{attr.TASK_ID}') AS task_id, "
-        f"arg_max(attributes ->> '{attr.ROLLOUT_STATUS}', start_time_unix_nano) AS status, "
-        "max(start_time_unix_nano) AS attempt_start_ns "
-        f"FROM spans WHERE scope_name = '{attr.CONTROLLER_SCOPE}' AND name = '{attr.ROLLOUT_SPAN_NAME}' "
-        f"AND attributes ->> '{attr.GROUP_ID}' IN {sql_list(group_ids)} GROUP BY 1"
-    )
-
-
-# --- the server -----------------------------------------------------------------------------------------
-
-
-class ServerClient:
-    """The otel-rl server as the online loop uses it: SQL queries, rollout keys, policy reloads."""
-
-    def __init__(self, url: str, token: str) -> None:
-        self.url = url.rstrip("/")
-        self.token = token
-        self._http = httpx.Client(
-            base_url=self.url,
-            headers={"authorization": f"Bearer {token}"},
-            timeout=httpx.Timeout(600, connect=5),
-        )
-
-    def query(self, sql: str) -> pl.DataFrame:
-        """One read-only statement over the store, on this client's kept-alive connection (a new client per
-        query spent a quarter of a step's reads setting up TLS contexts)."""
-        from otel_rl.query import query_result
-
-        return pl.from_arrow(query_result(self._request("POST", "/v1/query", json={"sql": sql}), self.url))
-
-    def issue_rollout_key(self, identity: Mapping[str, str]) -> str:
-        """A key that acts for one rollout only: its OTLP exports and its model calls (with this identity)."""
-        body = {
-            "attempt_id": identity[attr.ATTEMPT_ID],
-            "group_id": identity[attr.GROUP_ID],
-            "task_id": identity[attr.TASK_ID],
-            "split": identity[attr.SPLIT],
-        }
-        response = self._request("POST", f"/v1/admin/rollouts/{identity[attr.ROLLOUT_ID]}/key", json=body)
-        _raise_for_status(response, "issue a rollout key")
-        return response.json()["key"]
-
-    def policy(self) -> dict[str, Any]:
-        """The gateway's current policy: `version`, `checkpoint`, servers, the last reload."""
-        response = self._request("GET", "/v1/admin/policy")
-        _raise_for_status(response, "read the gateway's policy")
-        return response.json()
-
-    def set_policy(self, checkpoint: Path, version: int) -> dict[str, Any]:
-        """Pause the gateway, reload every inference server from `checkpoint`, resume at `version`.
-
-        Returns the reload's report (phases in milliseconds: drain, reload, ..., total = time paused).
-        """
-        body = {"checkpoint": str(Path(checkpoint).resolve()), "version": version}
-        response = self._request("POST", "/v1/admin/policy", json=body)
-        _raise_for_status(response, f"reload the policy from {checkpoint}")
-        return response.json()
-
-    def _request(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
-        try:
-            return self._http.request(method, path, **kwargs)
-        except httpx.TransportError as error:
-            raise OnlineTrainingError(
-                f"cannot reach the otel-rl server at {self.url} ({error}): start `otel-rl serve --vllm URL` "
-                "or set server.url"
-            ) from None
-
-    def close(self) -> None:
-        self._http.close()
-
-
-def _raise_for_status(response: httpx.Response, action: str) -> None:
-    if response.status_code >= 400:
-        raise OnlineTrainingError(f"could not {action}: HTTP {response.status_code} {response.text[:500]}")
-
-
-def server_token(config: TrainConfig) -> str:
-    """The admin token: the config's, else OTEL_RL_TOKEN or OTEL_RL_TOKEN_FILE, else the server's file."""
-    from otel_rl.auth import TOKEN_FILE, client_token
-
-    token = client_token(config.server.token)
-    if token is None:
-        raise ConfigError(
-            "no server token: set server.token, OTEL_RL_TOKEN or OTEL_RL_TOKEN_FILE, "
-            f"or run `otel-rl serve` here ({TOKEN_FILE})"
-        )
-    return token
-
-
-# --- records --------------------------------------------------------------------------------------------
-
-
-@dataclass
-class StepRecord:
-    """One online step: what it trained on and how long each phase took (an `otel_rl.train.step` span)."""
-
-    step: int
-    policy_version: int  # the version this step produced
-    group_ids: list[str]
-    reward_mean: float
-    success_rate: float
-    rollouts: int
-    samples: int
-    sampled_tokens: int
-    response_tokens: int
-    stale_groups: int  # groups dropped, older than max_staleness
-    collect_s: float
-    transform_s: float
-    train_s: float
-    save_s: float
-    reload_s: float
-    paused_s: float  # how long the gateway held new harness calls for the reload
-    drain_s: float  # of which: waiting for the calls in flight to finish before swapping weights
-    wall_s: float
-    trainer: dict[str, float] = field(default_factory=dict)  # the trainer's metrics (loss, mismatch, ...)
-
-
-@dataclass
-class EvalRecord:
-    """One evaluation: every val task once, at one policy version (also an `otel_rl.train.eval` span)."""
-
-    name: str  # which eval command (eval.harnesses), "eval" for the single eval.harness
-    step: int
-    policy_version: int
-    rollouts: int
-    reward_mean: float
-    success_rate: float
-    wall_s: float
-
-
-@dataclass
-class OnlineResult:
-    run_id: str
-    steps: list[StepRecord]
-    evals: list[EvalRecord]
-    wall_s: float
-
-
-class RunRecorder:
-    """Writes step and evaluation records to the store as spans (scope otel_rl.train), over OTLP."""
-
-    def __init__(self, server_url: str, token: str, run_id: str) -> None:
-        self.run_id = run_id
-        self._provider = TracerProvider(resource=Resource.create({"service.name": "otel-rl-train"}))
-        exporter = OTLPSpanExporter(
-            endpoint=f"{server_url.rstrip('/')}/v1/traces", headers={"authorization": f"Bearer {token}"}
-        )
-        self._provider.add_span_processor(BatchSpanProcessor(exporter, schedule_delay_millis=200))
-        self._tracer = self._provider.get_tracer(attr.TRAIN_SCOPE)
-
-    def record(self, name: str, record: StepRecord | EvalRecord, started_ns: int) -> None:
-        values = asdict(record)
-        trainer = values.pop("trainer", {})
-        attributes: dict[str, Any] = {
-            attr.TRAIN_RUN_ID: self.run_id,
-            attr.POLICY_VERSION: record.policy_version,
-        }
-        attributes |= {
-            f"{attr.TRAIN_PREFIX}{key}": value for key, value in values.items() if key != "policy_version"
-        }
-        attributes |= {f"{attr.TRAIN_PREFIX}trainer.{key}": value for key, value in trainer.items()}
-        self._tracer.start_span(name, attributes=attributes, start_time=started_ns).end()
-        self._provider.force_flush()
-
-    def close(self) -> None:
-        self._provider.shutdown()
-
-
-# --- the loop -------------------------------------------------------------------------------------------
-
-
-@dataclass
-class OnlineState:
-    """What a restart resumes from, saved as STATE_FILE in every checkpoint."""
-
-    step: int = 0  # updates done
-    version: int = 0  # the gateway's policy version of this run's current weights
-    next_group: int = 0  # groups launched: the position in the task order
-    consumed: list[str] = field(default_factory=list)  # group ids trained on, all steps
-
-
-def run_id_of(output_dir: Path) -> str:
-    """The run's id, created on the first start; it prefixes every group id of the run."""
-    path = output_dir / RUN_FILE
-    if path.is_file():
-        return json.loads(path.read_text())["run_id"]
-    output_dir.mkdir(parents=True, exist_ok=True)
-    run_id = new_id()[:12]
-    path.write_text(json.dumps({"run_id": run_id}))
-    return run_id
-
-
-def latest_checkpoint(output_dir: Path) -> tuple[Path, OnlineState] | None:
-    """The newest complete step-N checkpoint of an online run and its state, if any."""
-    found = [
-        (int(path.parent.name.removeprefix("step-")), path.parent)
-        for path in output_dir.glob(f"step-*/{STATE_FILE}")
-        if path.parent.name.removeprefix("step-").isdigit()
-    ]
-    if not found:
-        return None
-    _, directory = max(found)
-    return directory, OnlineState(**json.loads((directory / STATE_FILE).read_text()))
 
 
 @dataclass
@@ -665,26 +323,9 @@ class OnlineLoop:
 
     def _samples(self, groups: list[str], version: int) -> tuple[pl.DataFrame, Any]:
         from otel_rl.transforms.rewards import RewardSpec
-        from otel_rl.transforms.samples import CALL_COLUMNS, SampleOptions, build_samples
+        from otel_rl.transforms.samples import SampleOptions, build_samples
 
-        attempts = self.client.query(final_attempts_sql(groups))
-        rollouts = attempts.select(
-            "rollout_id", pl.col("final_attempt").alias("attempt_id"), "group_id", "task_id", "status"
-        )
-        # What is read below (the final attempts' calls and rewards) started after the oldest final attempt
-        # did: the views over the store's rows since then give it at a cost that does not grow with the store.
-        since = int(attempts["attempt_start_ns"].min()) - WINDOW_SLACK_NS
-        self.window.load(self.client.query, since)
-        # The policy's calls are the gateway's, with exact token ids; a harness's calls to any other model
-        # are not samples of the policy. gateway_call_tokens reads just those, without parsing messages.
-        calls = self.window.query(
-            f"SELECT {', '.join(CALL_COLUMNS)}, attempt_id FROM gateway_call_tokens "
-            f"WHERE group_id IN {sql_list(groups)} ORDER BY rollout_id, start_time_unix_nano"
-        )
-        rewards = self.window.query(
-            f"SELECT * FROM rewards WHERE rollout_id IN {sql_list(rollouts['rollout_id'].to_list())}"
-        )
-        calls, rewards = final_attempts_only(calls, rewards, attempts)
+        calls, rollouts, rewards = read_groups(self.client.query, self.window, groups)
         reward = self.config.reward
         options = SampleOptions(
             reward=RewardSpec(reward.name, reward.rule, tuple(reward.trusted_sources), reward.missing),
@@ -695,20 +336,7 @@ class OnlineLoop:
         return build_samples(calls, rollouts, rewards, options=options)  # exact ids: no tokenizer needed
 
     def _save(self, trainer: TrainerProcess) -> Path:
-        """step-N: the weights vLLM reloads, plus the state a restart resumes from (written atomically)."""
-        final = self.config.output_dir / f"step-{self.state.step}"
-        partial = self.config.output_dir / f".step-{self.state.step}.partial"
-        trainer.save(partial)
-        state_file = trainer.save_state(partial).name
-        (partial / STATE_FILE).write_text(json.dumps(asdict(self.state)))
-        if final.exists():
-            import shutil
-
-            shutil.rmtree(final)
-        os.replace(partial, final)
-        # Only the newest checkpoint is resumed from: older ones keep their weights, not the optimizer.
-        (self.config.output_dir / f"step-{self.state.step - 1}" / state_file).unlink(missing_ok=True)
-        return final
+        return save_checkpoint(trainer, self.state, self.config.output_dir)
 
     # --- evaluation ----------------------------------------------------------------------------------
 
@@ -739,23 +367,6 @@ class OnlineLoop:
         )
         await asyncio.to_thread(self.recorder.record, attr.TRAIN_EVAL_SPAN_NAME, record, started_ns)
         return record
-
-
-def format_step(record: StepRecord) -> str:
-    mismatch = record.trainer.get("mismatch")
-    return (
-        f"step {record.step:>4}  reward {record.reward_mean:.3f}  success {record.success_rate:6.1%}  "
-        f"samples {record.samples}  tokens {record.sampled_tokens}  stale {record.stale_groups}  "
-        f"collect {record.collect_s:.2f}s  transform {record.transform_s:.2f}s  train {record.train_s:.2f}s  "
-        f"reload {record.reload_s:.2f}s" + (f"  mismatch {mismatch:.2e}" if mismatch is not None else "")
-    )
-
-
-def format_eval(record: EvalRecord) -> str:
-    return (
-        f"[bold]{record.name} at version {record.policy_version}: success {record.success_rate:.1%}, "
-        f"reward {record.reward_mean:.3f} over {record.rollouts} val tasks ({record.wall_s:.1f}s)"
-    )
 
 
 def run_online(config: TrainConfig, console: Console | None = None) -> OnlineResult:

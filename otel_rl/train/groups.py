@@ -1,0 +1,145 @@
+"""What the store says about the online loop's groups: final attempts, policy versions, reuse."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+
+import polars as pl
+
+from otel_rl import attributes as attr
+from otel_rl.query import sql_list
+from otel_rl.store.window import StoreWindow
+
+# Reads of a step's attempts start this long before the oldest of them: clocks of other hosts (Kubernetes
+# pods) may run a little behind the controller's. Earlier rows are only read, not used.
+WINDOW_SLACK_NS = 5_000_000_000
+
+
+def final_attempts_only(
+    calls: pl.DataFrame, rewards: pl.DataFrame, attempts: pl.DataFrame
+) -> tuple[pl.DataFrame, pl.DataFrame]:
+    """The calls and rewards of each rollout's final attempt (`attempts`: rollout_id, final_attempt,
+    attempt_start_ns), without those of the attempts before it, which share its rollout id.
+
+    A call whose attempt is unknown counts when it started after the final attempt did, and a reward when
+    the server received it after that (its own time is the sender's clock, which a harness sets).
+    """
+    starts = attempts.select("rollout_id", "final_attempt", pl.col("attempt_start_ns").cast(pl.Int64))
+    calls = (
+        calls.join(starts, on="rollout_id", how="left")
+        .filter(
+            (pl.col("attempt_id") == pl.col("final_attempt"))
+            | (
+                pl.col("attempt_id").is_null()
+                & (pl.col("start_time_unix_nano").cast(pl.Int64) >= pl.col("attempt_start_ns"))
+            )
+        )
+        .drop("final_attempt", "attempt_start_ns")
+    )
+    rewards = (
+        rewards.join(starts, on="rollout_id", how="left")
+        .filter(pl.col("received_at").dt.epoch("ns") >= pl.col("attempt_start_ns"))
+        .drop("final_attempt", "attempt_start_ns")
+    )
+    return calls, rewards
+
+
+def oldest_versions(attempts: pl.DataFrame, groups: Mapping[str, str]) -> dict[str, int | None]:
+    """The oldest policy version that sampled any call of each group (None: no call recorded one).
+
+    `attempts` has `attempt_id` and `policy_version` (its oldest call's); `groups` maps attempt ids to groups.
+    """
+    members = pl.DataFrame({"attempt_id": list(groups), "group_id": list(groups.values())})
+    versions = attempts.select(pl.col("attempt_id").cast(pl.String), pl.col("policy_version").cast(pl.Int64))
+    oldest = (
+        members.join(versions, on="attempt_id", how="left").group_by("group_id").agg(pl.min("policy_version"))
+    )
+    return dict(oldest.iter_rows())
+
+
+def reusable_groups(
+    rollouts: pl.DataFrame, *, consumed: set[str], group_size: int, oldest_version: int
+) -> list[str]:
+    """Groups a previous run of this loop finished but never trained on, still fresh enough to use.
+
+    `rollouts` are this run's train rows of the `rollouts` view (one per rollout, its final attempt). A group
+    qualifies when all its `group_size` rollouts finished and none has a call older than `oldest_version`.
+    """
+    groups = (
+        rollouts.group_by("group_id")
+        .agg(
+            pl.len().alias("n"),
+            (pl.col("status") == "running").any().alias("running"),
+            pl.col("policy_version_min").min().alias("version"),
+            pl.col("ended_at").max().alias("ended_at"),
+        )
+        .filter(
+            (pl.col("n") == group_size)
+            & ~pl.col("running")
+            & (pl.col("version").is_null() | (pl.col("version") >= oldest_version))
+            & ~pl.col("group_id").is_in(sorted(consumed))
+        )
+        .sort("ended_at")
+    )
+    return groups["group_id"].to_list()
+
+
+# The loop reads the controller's and the gateway's spans directly where it needs one attempt's facts
+# (the `rollouts` view has one row per rollout) or only a few fields cheaply, while rollouts run.
+
+
+def attempt_progress_sql(attempt_ids: Sequence[str], since_ns: int) -> str:
+    """Per attempt (all started at `since_ns` or later): whether its controller status span arrived, and its
+    oldest call's policy version. The time bound lets DuckDB skip older row groups: without it every poll
+    parsed every stored call's attributes."""
+    return (
+        f"SELECT attributes ->> '{attr.ATTEMPT_ID}' AS attempt_id, "
+        f"bool_or(scope_name = '{attr.CONTROLLER_SCOPE}') AS finished, "
+        f"min(TRY_CAST(attributes ->> '{attr.POLICY_VERSION}' AS INTEGER)) "
+        f"FILTER (WHERE scope_name = '{attr.GATEWAY_SCOPE}') AS policy_version "
+        f"FROM spans WHERE start_time_unix_nano >= {since_ns} "
+        f"AND scope_name IN ('{attr.CONTROLLER_SCOPE}', '{attr.GATEWAY_SCOPE}') "
+        f"AND attributes ->> '{attr.ATTEMPT_ID}' IN {sql_list(attempt_ids)} GROUP BY 1"
+    )
+
+
+def final_attempts_sql(group_ids: Sequence[str]) -> str:
+    """Per rollout of the groups: its final attempt as the controller recorded it, and when it started."""
+    return (
+        f"SELECT attributes ->> '{attr.ROLLOUT_ID}' AS rollout_id, "
+        f"arg_max(attributes ->> '{attr.ATTEMPT_ID}', start_time_unix_nano) AS final_attempt, "
+        f"any_value(attributes ->> '{attr.GROUP_ID}') AS group_id, "
+        f"any_value(attributes ->> '{attr.TASK_ID}') AS task_id, "
+        f"arg_max(attributes ->> '{attr.ROLLOUT_STATUS}', start_time_unix_nano) AS status, "
+        "max(start_time_unix_nano) AS attempt_start_ns "
+        f"FROM spans WHERE scope_name = '{attr.CONTROLLER_SCOPE}' AND name = '{attr.ROLLOUT_SPAN_NAME}' "
+        f"AND attributes ->> '{attr.GROUP_ID}' IN {sql_list(group_ids)} GROUP BY 1"
+    )
+
+
+def read_groups(
+    query: Callable[[str], pl.DataFrame], window: StoreWindow, groups: Sequence[str]
+) -> tuple[pl.DataFrame, pl.DataFrame, pl.DataFrame]:
+    """The calls, rollouts and rewards of the groups' final attempts, read through `window` of the store
+    (`query` asks the server)."""
+    from otel_rl.transforms.samples import CALL_COLUMNS
+
+    attempts = query(final_attempts_sql(groups))
+    rollouts = attempts.select(
+        "rollout_id", pl.col("final_attempt").alias("attempt_id"), "group_id", "task_id", "status"
+    )
+    # What is read below (the final attempts' calls and rewards) started after the oldest final attempt
+    # did: the views over the store's rows since then give it at a cost that does not grow with the store.
+    since = int(attempts["attempt_start_ns"].min()) - WINDOW_SLACK_NS
+    window.load(query, since)
+    # The policy's calls are the gateway's, with exact token ids; a harness's calls to any other model
+    # are not samples of the policy. gateway_call_tokens reads just those, without parsing messages.
+    calls = window.query(
+        f"SELECT {', '.join(CALL_COLUMNS)}, attempt_id FROM gateway_call_tokens "
+        f"WHERE group_id IN {sql_list(groups)} ORDER BY rollout_id, start_time_unix_nano"
+    )
+    rewards = window.query(
+        f"SELECT * FROM rewards WHERE rollout_id IN {sql_list(rollouts['rollout_id'].to_list())}"
+    )
+    calls, rewards = final_attempts_only(calls, rewards, attempts)
+    return calls, rollouts, rewards

@@ -1,0 +1,106 @@
+"""What an online run records: its steps and evaluations, as lines and as training-step spans."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import BatchSpanProcessor
+
+from otel_rl import attributes as attr
+
+
+@dataclass
+class StepRecord:
+    """One online step: what it trained on and how long each phase took (an `otel_rl.train.step` span)."""
+
+    step: int
+    policy_version: int  # the version this step produced
+    group_ids: list[str]
+    reward_mean: float
+    success_rate: float
+    rollouts: int
+    samples: int
+    sampled_tokens: int
+    response_tokens: int
+    stale_groups: int  # groups dropped, older than max_staleness
+    collect_s: float
+    transform_s: float
+    train_s: float
+    save_s: float
+    reload_s: float
+    paused_s: float  # how long the gateway held new harness calls for the reload
+    drain_s: float  # of which: waiting for the calls in flight to finish before swapping weights
+    wall_s: float
+    trainer: dict[str, float] = field(default_factory=dict)  # the trainer's metrics (loss, mismatch, ...)
+
+
+@dataclass
+class EvalRecord:
+    """One evaluation: every val task once, at one policy version (also an `otel_rl.train.eval` span)."""
+
+    name: str  # which eval command (eval.harnesses), "eval" for the single eval.harness
+    step: int
+    policy_version: int
+    rollouts: int
+    reward_mean: float
+    success_rate: float
+    wall_s: float
+
+
+@dataclass
+class OnlineResult:
+    run_id: str
+    steps: list[StepRecord]
+    evals: list[EvalRecord]
+    wall_s: float
+
+
+class RunRecorder:
+    """Writes step and evaluation records to the store as spans (scope otel_rl.train), over OTLP."""
+
+    def __init__(self, server_url: str, token: str, run_id: str) -> None:
+        self.run_id = run_id
+        self._provider = TracerProvider(resource=Resource.create({"service.name": "otel-rl-train"}))
+        exporter = OTLPSpanExporter(
+            endpoint=f"{server_url.rstrip('/')}/v1/traces", headers={"authorization": f"Bearer {token}"}
+        )
+        self._provider.add_span_processor(BatchSpanProcessor(exporter, schedule_delay_millis=200))
+        self._tracer = self._provider.get_tracer(attr.TRAIN_SCOPE)
+
+    def record(self, name: str, record: StepRecord | EvalRecord, started_ns: int) -> None:
+        values = asdict(record)
+        trainer = values.pop("trainer", {})
+        attributes: dict[str, Any] = {
+            attr.TRAIN_RUN_ID: self.run_id,
+            attr.POLICY_VERSION: record.policy_version,
+        }
+        attributes |= {
+            f"{attr.TRAIN_PREFIX}{key}": value for key, value in values.items() if key != "policy_version"
+        }
+        attributes |= {f"{attr.TRAIN_PREFIX}trainer.{key}": value for key, value in trainer.items()}
+        self._tracer.start_span(name, attributes=attributes, start_time=started_ns).end()
+        self._provider.force_flush()
+
+    def close(self) -> None:
+        self._provider.shutdown()
+
+
+def format_step(record: StepRecord) -> str:
+    mismatch = record.trainer.get("mismatch")
+    return (
+        f"step {record.step:>4}  reward {record.reward_mean:.3f}  success {record.success_rate:6.1%}  "
+        f"samples {record.samples}  tokens {record.sampled_tokens}  stale {record.stale_groups}  "
+        f"collect {record.collect_s:.2f}s  transform {record.transform_s:.2f}s  train {record.train_s:.2f}s  "
+        f"reload {record.reload_s:.2f}s" + (f"  mismatch {mismatch:.2e}" if mismatch is not None else "")
+    )
+
+
+def format_eval(record: EvalRecord) -> str:
+    return (
+        f"[bold]{record.name} at version {record.policy_version}: success {record.success_rate:.1%}, "
+        f"reward {record.reward_mean:.3f} over {record.rollouts} val tasks ({record.wall_s:.1f}s)"
+    )
