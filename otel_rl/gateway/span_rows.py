@@ -40,7 +40,8 @@ log = logging.getLogger(__name__)
 HAS_IS_REMOTE, IS_REMOTE = 0x100, 0x200
 CLIENT, ERROR = 3, 2  # OTLP SpanKind, StatusCode
 _SCOPE = InstrumentationScope(GATEWAY_SCOPE)
-# Spans held while the store cannot write (a full disk), oldest dropped first: ~50 MB at a few KB a call.
+# Spans held while the store cannot write (a full disk), oldest dropped first: a bound on the memory they
+# take (each holds its call's messages and token ids).
 MAX_HELD_SPANS = 20_000
 
 
