@@ -1,9 +1,9 @@
 """A vLLM-style fake OpenAI server for tests: vLLM's wire protocol, byte tokens, scripted replies, faults.
 
 What it speaks (as vLLM 0.32 does): `POST /v1/chat/completions` and `/v1/completions`, non-streaming and SSE
-streaming (`stream_options.include_usage`), `n` choices, tools → `tool_calls`, `return_token_ids` →
-`prompt_token_ids` + per-choice `token_ids` (streaming: on the role chunks / each chunk's delta), `logprobs`,
-vLLM error bodies, `GET /v1/models` and `/health`.
+streaming (`stream_options.include_usage`, `.continuous_usage_stats`), `n` choices, tools → `tool_calls`,
+`return_token_ids` → `prompt_token_ids` + per-choice `token_ids` (streaming: on the role chunks / each chunk's
+delta), `logprobs`, vLLM error bodies, `POST /tokenize` (chat messages), `GET /v1/models` and `/health`.
 
 Tokens are bytes, so ids are checkable by hand: `tokenize(text) == list(text.encode())`; a chat prompt is
 `tokenize(render_chat(messages))`; the logprob of token t is `logprob_of(t)` (exact in float32).
@@ -113,6 +113,7 @@ class Fault:
     message: str = "Injected fault"
     delay_s: float = 0.0  # wait before answering (client timeouts)
     disconnect_after_chunks: int | None = None  # drop the connection after this many SSE chunks (body parts)
+    error_after_chunks: int | None = None  # after this many SSE chunks, vLLM's error event and [DONE]
 
 
 @dataclass
@@ -323,6 +324,7 @@ class FakeVLLM:
                 Route("/v1/models", self._models),
                 Route("/v1/chat/completions", self._chat, methods=["POST"]),
                 Route("/v1/completions", self._completions, methods=["POST"]),
+                Route("/tokenize", self._tokenize, methods=["POST"]),
             ]
         )
 
@@ -369,6 +371,7 @@ class FakeVLLM:
     def _respond(self, fault: Fault | None, body: dict[str, Any], chunks: list[str]) -> Response:
         """Stream the chunks (SSE) or send the single body, dropping the connection if a fault says so."""
         cut = fault.disconnect_after_chunks if fault else None
+        failing = fault.error_after_chunks if fault else None
         if cut is None and not body.get("stream"):
             return Response(chunks[0], media_type="application/json")
 
@@ -376,6 +379,9 @@ class FakeVLLM:
             for number, chunk in enumerate(chunks):
                 if number == cut:
                     raise InjectedDisconnect(f"fake vLLM: disconnect after {cut} chunks")
+                if number == failing:  # as vLLM streams an engine error: an error event, then [DONE]
+                    yield sse(error_body(500, fault.message)) + "data: [DONE]\n\n"
+                    return
                 yield chunk
 
         media_type = "text/event-stream" if body.get("stream") else "application/json"
@@ -396,6 +402,14 @@ class FakeVLLM:
         if body.get("stream"):
             return self._respond(fault, body, chat_stream(head, choices, wire))
         return self._respond(fault, body, [json.dumps(chat_response(head, choices, wire))])
+
+    async def _tokenize(self, request: Request) -> Response:
+        """vLLM's `/tokenize` of chat messages: the rendered prompt's ids and their count."""
+        body, _, early = await self._receive(request, "messages")
+        if early is not None:
+            return early
+        ids = tokenize(render_chat(body["messages"]))
+        return JSONResponse({"count": len(ids), "max_model_len": 2048, "tokens": ids, "token_strs": None})
 
     async def _completions(self, request: Request) -> Response:
         body, fault, early = await self._receive(request, "prompt")
@@ -426,6 +440,7 @@ class Wire:
     top_logprobs: int | None  # chat: None when logprobs were not requested
     logprobs: bool  # completions: logprobs requested
     include_usage: bool  # streaming: stream_options.include_usage
+    continuous_usage: bool  # streaming: usage so far on every chunk (stream_options.continuous_usage_stats)
 
     @classmethod
     def of(cls, body: dict[str, Any], prompt_ids: list[int]) -> Wire:
@@ -435,6 +450,7 @@ class Wire:
             top_logprobs=int(body.get("top_logprobs") or 0) if body.get("logprobs") is True else None,
             logprobs=body.get("logprobs") not in (None, False),
             include_usage=bool((body.get("stream_options") or {}).get("include_usage")),
+            continuous_usage=bool((body.get("stream_options") or {}).get("continuous_usage_stats")),
         )
 
 
@@ -473,10 +489,19 @@ def chat_stream(head: dict[str, Any], choices: list[Choice], wire: Wire) -> list
     head = head | {"object": "chat.completion.chunk"}
     prompt = {"prompt_token_ids": wire.prompt_ids} if wire.token_ids else {}
     chunks = []
+    generated = 0  # tokens sent so far, for continuous usage
+
+    def so_far() -> dict[str, Any]:
+        if not wire.continuous_usage:
+            return {}
+        prompt_tokens = len(wire.prompt_ids)
+        return {"usage": {"prompt_tokens": prompt_tokens, "total_tokens": prompt_tokens + generated,
+                          "completion_tokens": generated, "prompt_tokens_details": None}}  # fmt: skip
+
     for index in range(len(choices)):
         delta = {"role": "assistant", "content": ""}
         role = {"index": index, "delta": delta, "logprobs": None, "finish_reason": None}
-        chunks.append(sse(head | {"choices": [role]} | prompt))
+        chunks.append(sse(head | {"choices": [role]} | prompt | so_far()))
     for index, choice in enumerate(choices):
         for number, (delta, text) in enumerate(choice.pieces):
             last = number == len(choice.pieces) - 1
@@ -493,7 +518,8 @@ def chat_stream(head: dict[str, Any], choices: list[Choice], wire: Wire) -> list
                 item["stop_reason"] = None
             if wire.token_ids:
                 item["token_ids"] = ids
-            chunks.append(sse(head | {"choices": [item]}))
+            generated += len(ids)
+            chunks.append(sse(head | {"choices": [item]} | so_far()))
     if wire.include_usage:
         chunks.append(sse(head | {"choices": [], "usage": usage(wire.prompt_ids, choices)}))
     return [*chunks, "data: [DONE]\n\n"]

@@ -21,6 +21,8 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
     ExportTraceServiceResponse,
 )
 
+from otel_rl.http_body import BodyTooLarge
+
 Signal = Literal["traces", "logs", "metrics"]
 Encoding = Literal["protobuf", "json"]
 ExportRequest = ExportTraceServiceRequest | ExportLogsServiceRequest | ExportMetricsServiceRequest
@@ -55,10 +57,6 @@ class DecodeError(ValueError):
 
 class UnsupportedContentType(ValueError):
     """The Content-Type or Content-Encoding is not one OTLP uses (HTTP 415)."""
-
-
-class BodyTooLarge(ValueError):
-    """The body, compressed or decompressed, is over the configured limit (HTTP 413)."""
 
 
 def encoding_of(content_type: str | None) -> Encoding:

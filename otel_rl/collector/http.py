@@ -12,7 +12,6 @@ from google.rpc.error_details_pb2 import RetryInfo
 
 from otel_rl.auth import Auth, Unauthorized
 from otel_rl.collector.decode import (
-    BodyTooLarge,
     DecodeError,
     Encoding,
     Signal,
@@ -23,6 +22,7 @@ from otel_rl.collector.decode import (
     parse_request,
 )
 from otel_rl.collector.export import PreparedExport, prepare_export
+from otel_rl.http_body import BodyTooLarge, read_body
 from otel_rl.store import Saturated, Store
 from otel_rl.store.writer import StoreUnavailable
 
@@ -61,7 +61,7 @@ def collector_router(store: Store, auth: Auth, *, max_body_bytes: int = DEFAULT_
         try:
             principal = auth.authenticate(request.headers.get("authorization"))
             encoding = encoding_of(request.headers.get("content-type"))
-            body = await _read_body(request, max_body_bytes)
+            body = await read_body(request, max_body_bytes)
             content_encoding = request.headers.get("content-encoding")
 
             def decode_and_flatten() -> PreparedExport:
@@ -89,21 +89,6 @@ def collector_router(store: Store, auth: Auth, *, max_body_bytes: int = DEFAULT_
         return await export(request, "metrics")
 
     return router
-
-
-async def _read_body(request: Request, max_bytes: int) -> bytes:
-    """The request body, refused with BodyTooLarge before reading when Content-Length says it is too big."""
-    declared = request.headers.get("content-length")
-    if declared is not None and declared.isdigit() and int(declared) > max_bytes:
-        raise BodyTooLarge(f"body of {declared} bytes is over the limit of {max_bytes} bytes")
-    chunks = []
-    size = 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > max_bytes:
-            raise BodyTooLarge(f"body is over the limit of {max_bytes} bytes")
-        chunks.append(chunk)
-    return b"".join(chunks)
 
 
 def _as_failure(exc: Exception) -> HTTPFailure:

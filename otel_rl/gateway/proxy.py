@@ -13,13 +13,16 @@ from starlette.background import BackgroundTask
 from starlette.responses import Response, StreamingResponse
 
 from otel_rl.attributes import GATEWAY_SCOPE, ROLLOUT_ID, SPLIT
-from otel_rl.auth import Auth, Principal
+from otel_rl.auth import Auth, Principal, Unauthorized
 from otel_rl.gateway.attribution import RolloutIdentities, caller_identity, trace_parent
 from otel_rl.gateway.client import UpstreamClient, UpstreamError, upstream_error
+from otel_rl.gateway.errors import CallError, json_object, vllm_error
 from otel_rl.gateway.export import gateway_tracer_provider, otlp_forwarder
 from otel_rl.gateway.metrics import GatewayMetrics
 from otel_rl.gateway.outputs import StreamAssembler, parse_chat_response, parse_completion_response
+from otel_rl.gateway.protocols import Protocol, ProtocolError, ProtocolStream, Route
 from otel_rl.gateway.recording import CallRecord
+from otel_rl.gateway.relay import StreamFailed, relay_events, sse_error
 from otel_rl.gateway.reload import GatewayPaused, ReloadCoordinator, ReloadResult
 from otel_rl.gateway.servers import InferenceServer, NoServerAvailable, ServerPool, retry_delay_s
 from otel_rl.gateway.settings import GatewaySettings
@@ -32,36 +35,6 @@ log = logging.getLogger(__name__)
 PATHS = {"chat": "/v1/chat/completions", "text_completion": "/v1/completions"}
 ABORTED = b'"finish_reason":"abort"'  # vLLM's compact JSON for a call cut by `/pause?mode=abort`
 RELOAD_RETRY_AFTER_S = 1
-
-
-class CallError(Exception):
-    """A call that fails before or instead of reaching vLLM; turned into an OpenAI-style error response."""
-
-    def __init__(
-        self,
-        status: int,
-        message: str,
-        error_type: str,
-        retry_after_s: float | None = None,
-        *,
-        span_error_type: str | None = None,
-    ) -> None:
-        super().__init__(message)
-        self.status = status
-        self.error_type = error_type  # what the client reads
-        self.span_error_type = span_error_type or error_type  # the span's error.type
-        self.retry_after_s = retry_after_s
-
-    def response(self) -> Response:
-        headers = {"retry-after": str(max(1, round(self.retry_after_s)))} if self.retry_after_s else None
-        return Response(
-            error_body(self.status, str(self), self.error_type), self.status, headers, "application/json"
-        )
-
-
-def error_body(status: int, message: str, error_type: str) -> bytes:
-    """An OpenAI-style error body (what the official client turns into an APIError)."""
-    return orjson.dumps({"error": {"message": message, "type": error_type, "param": None, "code": status}})
 
 
 class Gateway:
@@ -112,15 +85,36 @@ class Gateway:
 
     # ------------------------------------------------------------------ a call
 
-    def principal(self, headers: Mapping[str, str]) -> Principal:
-        return self.auth.authenticate(headers.get("authorization"))
+    def principal(self, headers: Mapping[str, str], route: Route | None = None) -> Principal:
+        """Who calls: `Authorization: Bearer`, or the route's own key header (Anthropic's `x-api-key`)."""
+        authorization = headers.get("authorization")
+        if authorization is None and route is not None and route.api_key_header is not None:
+            key = headers.get(route.api_key_header)
+            if not key:
+                header = route.api_key_header
+                raise Unauthorized(
+                    f"missing API key: send '{header}: <token>' or 'Authorization: Bearer <token>'"
+                )
+            authorization = f"Bearer {key}"
+        return self.auth.authenticate(authorization)
 
     async def call(
-        self, operation: str, principal: Principal, headers: Mapping[str, str], raw: bytes
+        self,
+        operation: str,
+        principal: Principal,
+        headers: Mapping[str, str],
+        raw: bytes,
+        protocol: Protocol | None = None,
     ) -> Response:
-        """Relay one chat or completions call and record it."""
-        body = _json_object(raw)
-        if operation == "text_completion" and not isinstance(body.get("prompt"), str | None):
+        """Relay one chat or completions call and record it; a `protocol`'s call is translated into a chat
+        call (what the model sees, and what is recorded) and its answer back into the protocol's shape."""
+        request = body = json_object(raw)
+        if protocol is not None:
+            try:
+                body = protocol.chat_request(request)
+            except ProtocolError as error:
+                raise CallError(400, str(error), "BadRequestError") from None
+        elif operation == "text_completion" and not isinstance(body.get("prompt"), str | None):
             prompt = body["prompt"]
             if not (isinstance(prompt, list) and all(isinstance(t, int) for t in prompt)):
                 raise CallError(
@@ -135,6 +129,8 @@ class Gateway:
         forced = self.settings.split_sampling.get(identity.get(SPLIT, ""), {})
         sent, asked = upstream_body(operation, body, forced, policy.served_model)
         record = CallRecord(operation, body, sent, identity, parent, policy.version, time.time_ns())
+        if protocol is not None:
+            record.api = protocol.API
         relaying = False  # a relayed stream releases its admission when it ends
         try:
             try:
@@ -143,18 +139,20 @@ class Gateway:
                 )
             except CallError as error:
                 record.error_type, record.error_message = error.span_error_type, str(error)
-                return self._finish(record, error.response())
+                return self._finish(record, error.response(protocol))
             if sent.get("stream") and response.status == 200:
                 relaying = True
-                return self._relay_stream(record, asked, server, response)
+                stream = protocol.Stream(request) if protocol is not None else None
+                return self._relay_stream(record, asked, server, response, stream)
             try:
                 content = await self.client.read(response)
             except UpstreamError as error:
-                return self._finish(record, self._upstream_failure(record, error).response())
+                return self._finish(record, self._upstream_failure(record, error).response(protocol))
             finally:
                 response.release()
                 server.in_flight -= 1
-            return self._finish(record, self._answer(record, asked, response.status, content))
+            answer = self._answer(record, asked, response.status, content, protocol, request)
+            return self._finish(record, answer)
         finally:
             if not relaying:
                 self.coordinator.release()
@@ -204,10 +202,21 @@ class Gateway:
             server.consecutive_connect_failures = 0
             return server, response
 
-    def _answer(self, record: CallRecord, asked: ClientAsked, status: int, content: bytes) -> Response:
+    def _answer(
+        self,
+        record: CallRecord,
+        asked: ClientAsked,
+        status: int,
+        content: bytes,
+        protocol: Protocol | None,
+        request: dict[str, Any],
+    ) -> Response:
         """The client's response to a non-streaming call, and its outcome on the record."""
         if status != 200:
-            record.error_type, record.error_message = str(status), _error_message(content)
+            message, error_type = vllm_error(content)
+            record.error_type, record.error_message = str(status), message
+            if protocol is not None:
+                content = protocol.error_body(status, message, error_type)
             return Response(content, status, media_type="application/json")
         response = orjson.loads(content)
         parse = parse_chat_response if record.operation == "chat" else parse_completion_response
@@ -217,8 +226,14 @@ class Gateway:
                 503, "the call was aborted for a weight reload; retry it", "ServiceUnavailableError", 1
             )
             record.error_type, record.error_message = "aborted", str(error)
-            return error.response()
-        if not asked.everything:
+            return error.response(protocol)
+        if protocol is not None:
+            try:
+                content = orjson.dumps(protocol.response_body(response, request))
+            except ProtocolError as error:  # the model's answer has no form in the protocol
+                record.error_type, record.error_message = "untranslatable_response", str(error)
+                return CallError(502, str(error), "BadGatewayError").response(protocol)
+        elif not asked.everything:
             content = orjson.dumps(strip_response(response, asked))
         return Response(content, 200, media_type="application/json")
 
@@ -228,8 +243,11 @@ class Gateway:
         asked: ClientAsked,
         server: InferenceServer,
         response: aiohttp.ClientResponse,
+        stream: ProtocolStream | None,
     ) -> StreamingResponse:
+        """Relay vLLM's chunks (or `stream`'s translation of them) as they come; assemble for the span."""
         assembler = StreamAssembler(record.operation)
+        stream_error = stream.error if stream is not None else sse_error
 
         async def relay() -> AsyncIterator[bytes]:
             sse = SSEBuffer()
@@ -240,14 +258,18 @@ class Gateway:
                     payloads = sse.feed(data)
                     if any(ABORTED in payload for payload in payloads):
                         record.error_type, record.error_message = "aborted", "aborted for a weight reload"
-                        yield _sse_error(503, "the call was aborted for a weight reload; retry it")
+                        message = "the call was aborted for a weight reload; retry it"
+                        yield stream_error(503, message, "ServiceUnavailableError")
                         return
-                    relayed = _relay_events(payloads, assembler, asked, data)
+                    relayed = relay_events(payloads, assembler, asked, data, stream)
                     if relayed:
                         yield relayed
+            except StreamFailed as failed:  # vLLM's error event, in a protocol's stream: its last event
+                record.error_type, record.error_message = str(failed.status), str(failed)
+                yield failed.translated + stream_error(failed.status, str(failed), failed.error_type)
             except (aiohttp.ClientError, TimeoutError) as error:
                 failure = self._upstream_failure(record, upstream_error(server.url, error))
-                yield _sse_error(failure.status, str(failure))
+                yield stream_error(failure.status, str(failure), failure.error_type)
             finally:
                 if assembler.finished:
                     response.release()
@@ -305,6 +327,24 @@ class Gateway:
             raise CallError(502, f"the inference server failed: {error}", "BadGatewayError") from None
         return Response(content, status, media_type="application/json")
 
+    async def count_tokens(self, tokenize: dict[str, Any]) -> int:
+        """A prompt's length in the model's own rendering: vLLM's `/tokenize` of chat messages and tools."""
+        served = self.coordinator.policy.served_model
+        if served is not None:  # a LoRA policy: vLLM knows only the adapter's name (same tokenizer)
+            tokenize = {**tokenize, "model": served}
+        try:
+            server = self.pool.pick(None)
+            status, content = await self.client.request(
+                "POST", f"{server.url}/tokenize", timeout_s=self.settings.upstream_timeout_s, json=tokenize
+            )
+        except NoServerAvailable as error:
+            raise CallError(503, str(error), "ServiceUnavailableError", RELOAD_RETRY_AFTER_S) from None
+        except UpstreamError as error:
+            raise CallError(502, f"the inference server failed: {error}", "BadGatewayError") from None
+        if status != 200:
+            raise CallError(status, *vllm_error(content))
+        return int(orjson.loads(content)["count"])
+
     # ------------------------------------------------------------------ reloads
 
     async def reload(self, *, version: int, checkpoint: str | None, lora_adapter: str | None) -> ReloadResult:
@@ -314,49 +354,3 @@ class Gateway:
         )
         self.metrics.count_reload(result)
         return result
-
-
-def _relay_events(
-    payloads: list[bytes], assembler: StreamAssembler, asked: ClientAsked, data: bytes
-) -> bytes:
-    """Feed a received piece of the stream to the assembler; the bytes to pass on to the client."""
-    chunks = [orjson.loads(payload) if payload != b"[DONE]" else None for payload in payloads]
-    for chunk in chunks:
-        if chunk is None:
-            assembler.finished = True
-        else:
-            assembler.add(chunk)
-    if asked.everything:
-        return data
-    return b"".join(
-        b"data: [DONE]\n\n"
-        if chunk is None
-        else b"data: " + orjson.dumps(strip_response(chunk, asked)) + b"\n\n"
-        for chunk in chunks
-    )
-
-
-def _sse_error(status: int, message: str) -> bytes:
-    """An error event: the official client raises it as an APIError mid-stream."""
-    return (
-        b"data: "
-        + error_body(status, message, "ServiceUnavailableError" if status == 503 else "APIError")
-        + b"\n\n"
-    )
-
-
-def _json_object(raw: bytes) -> dict[str, Any]:
-    try:
-        body = orjson.loads(raw)
-    except orjson.JSONDecodeError as error:
-        raise CallError(400, f"the request body is not JSON: {error}", "BadRequestError") from None
-    if not isinstance(body, dict):
-        raise CallError(400, "the request body must be a JSON object", "BadRequestError")
-    return body
-
-
-def _error_message(content: bytes) -> str:
-    try:
-        return str(orjson.loads(content)["error"]["message"])
-    except (orjson.JSONDecodeError, KeyError, TypeError):
-        return content[:500].decode(errors="replace")

@@ -14,6 +14,8 @@ from otel_rl.gateway.outputs import CallOutput, ChoiceOutput
 from otel_rl.gateway.upstream import sampling_params
 
 PROVIDER = "vllm"
+GATEWAY_API = "otel_rl.gateway.api"  # the API the harness called: a protocol's, or the operation's own
+OPERATION_APIS = {"chat": "chat_completions", "text_completion": "completions"}
 
 
 @dataclass
@@ -33,6 +35,7 @@ class CallRecord:
     error_type: str | None = None
     error_message: str | None = None
     time_to_first_chunk_s: float | None = None
+    api: str | None = None  # a protocol's API ("messages", "responses") translated into this chat call
 
 
 def record_call(tracer: Tracer, record: CallRecord) -> None:
@@ -62,6 +65,7 @@ def call_attributes(record: CallRecord, *, packed_tokens: bool = True) -> dict[s
         "gen_ai.provider.name": PROVIDER,
         "gen_ai.request.model": request.get("model", ""),
         "gen_ai.request.stream": bool(request.get("stream")),
+        GATEWAY_API: record.api or OPERATION_APIS[record.operation],
         names.POLICY_VERSION: record.policy_version,
         names.SAMPLING_PARAMS: orjson.dumps(sampling_params(sent)).decode(),
         **record.identity,

@@ -9,8 +9,12 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from otel_rl.attributes import ATTEMPT_ID, GROUP_ID, SPLIT, TASK_ID
 from otel_rl.auth import Forbidden, Unauthorized, admin_required
-from otel_rl.gateway.proxy import CallError, Gateway, error_body
+from otel_rl.gateway import messages
+from otel_rl.gateway.errors import CallError, error_body, json_object
+from otel_rl.gateway.protocols import Protocol, ProtocolError, Route, protocols
+from otel_rl.gateway.proxy import Gateway
 from otel_rl.gateway.reload import ReloadRejected
+from otel_rl.http_body import BodyTooLarge, read_body
 from otel_rl.store import Saturated, StoreUnavailable
 
 
@@ -32,32 +36,80 @@ class PolicyUpdate(BaseModel):
 
 
 CALL_PATHS = {"/v1/chat/completions": "chat", "/v1/completions": "text_completion"}
+COUNT_TOKENS_PATH = "/v1/messages/count_tokens"
 
 
 class ModelCallRoutes:
-    """ASGI middleware serving `POST /v1/chat/completions` and `/v1/completions` ahead of FastAPI's router.
+    """ASGI middleware serving the model-call routes ahead of FastAPI's router: Chat Completions,
+    Completions, the protocols translated into chat calls (`/v1/messages`, `/v1/responses`), Messages'
+    `count_tokens`, and `HEAD /` (Claude Code's check that its base URL answers).
 
     The hot path: FastAPI's routing, dependency solving and exception layers cost about a fifth of the
-    gateway's CPU per call (measured with py-spy), and these two routes need none of them.
+    gateway's CPU per call (measured with py-spy), and these routes need none of them.
     """
 
     def __init__(self, app: ASGIApp, gateway: Gateway) -> None:
         self.app = app
         self.gateway = gateway
+        self.protocols = protocols()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        operation = CALL_PATHS.get(scope["path"]) if scope["type"] == "http" else None
-        if operation is None or scope["method"] != "POST":
+        if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
+        path, method = scope["path"], scope["method"]
+        operation = CALL_PATHS.get(path)
+        if operation is not None and method == "POST":
+            await self._call(scope, receive, send, operation, None, None)
+        elif path in self.protocols and method == "POST":
+            protocol, route = self.protocols[path]
+            await self._call(scope, receive, send, "chat", protocol, route)
+        elif path == COUNT_TOKENS_PATH and method == "POST":
+            await self._count_tokens(scope, receive, send)
+        elif path == "/" and method == "HEAD":
+            await Response(status_code=200)(scope, receive, send)
+        else:
+            await self.app(scope, receive, send)
+
+    async def _call(
+        self,
+        scope: Scope,
+        receive: Receive,
+        send: Send,
+        operation: str,
+        protocol: Protocol | None,
+        route: Route | None,
+    ) -> None:
         request = Request(scope, receive)
         try:
-            principal = self.gateway.principal(request.headers)
-            response = await self.gateway.call(operation, principal, request.headers, await request.body())
+            principal = self.gateway.principal(request.headers, route)
+            response = await self.gateway.call(
+                operation, principal, request.headers, await self._body(request), protocol
+            )
         except CallError as error:
-            response = error.response()
+            response = error.response(protocol)
         except (Unauthorized, Forbidden, ValueError) as error:
-            response = _refusal(error)
+            response = _refusal(error, protocol)
+        await response(scope, receive, send)
+
+    async def _body(self, request: Request) -> bytes:
+        try:
+            return await read_body(request, self.gateway.settings.max_request_bytes)
+        except BodyTooLarge as error:
+            raise CallError(413, f"the request {error}", "RequestTooLargeError") from None
+
+    async def _count_tokens(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """Messages' `count_tokens`: the prompt's length as vLLM renders it for the same request."""
+        protocol, route = self.protocols["/v1/messages"]
+        request = Request(scope, receive)
+        try:
+            self.gateway.principal(request.headers, route)
+            tokenize = messages.count_tokens_request(json_object(await self._body(request)))
+            response: Response = JSONResponse({"input_tokens": await self.gateway.count_tokens(tokenize)})
+        except CallError as error:
+            response = error.response(protocol)
+        except (Unauthorized, ProtocolError) as error:
+            response = _refusal(error, protocol)
         await response(scope, receive, send)
 
 
@@ -143,9 +195,10 @@ def gateway_router(gateway: Gateway, *, public_metrics: bool = False) -> APIRout
     return router
 
 
-def _refusal(error: Exception) -> Response:
+def _refusal(error: Exception, protocol: Protocol | None = None) -> Response:
     status, error_type = {
         Unauthorized: (401, "AuthenticationError"),
         Forbidden: (403, "PermissionDeniedError"),
     }.get(type(error), (400, "BadRequestError"))
-    return Response(error_body(status, str(error), error_type), status, media_type="application/json")
+    body = (protocol.error_body if protocol else error_body)(status, str(error), error_type)
+    return Response(body, status, media_type="application/json")

@@ -62,12 +62,21 @@ class GatewaySettings:
     reload_timeout_s: float = 300.0  # one server's reload_weights / load_lora_adapter
     forward_otlp: str | None = None  # also send the gateway's spans to this OTLP/HTTP traces endpoint
     span_flush_ms: int = 50  # batch delay of the span exporter (the trainer waits for spans)
+    # One call's request body: a coding agent's turn carries its whole conversation (a Codex turn is ~50 KB
+    # and grows), far below this; the bound is what the gateway holds in memory per call before parsing.
+    max_request_bytes: int = 32 * 1024 * 1024
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "servers", tuple(server_root(url) for url in self.servers))
         for split, params in self.split_sampling.items():
             if not isinstance(params, dict):
                 raise ValueError(f"split_sampling[{split!r}] must be an object of sampling parameters")
-        for name in ("upstream_timeout_s", "connect_timeout_s", "health_interval_s", "reload_timeout_s"):
+        for name in (
+            "upstream_timeout_s",
+            "connect_timeout_s",
+            "health_interval_s",
+            "reload_timeout_s",
+            "max_request_bytes",
+        ):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be > 0")

@@ -32,7 +32,6 @@ READY_MARKER = ".otel-rl-ready"
 # Hermes-style tool calls, which the tiny model's chat template writes, and usage with its cached tokens.
 SERVER_FLAGS = (
     "--dtype", "float32",
-    "--max-model-len", "512",
     "--enforce-eager",
     "--logprobs-mode", "processed_logprobs",
     "--generation-config", "vllm",
@@ -162,9 +161,11 @@ class VLLMServer:
         served_model_name: str | None = None,
         log_path: str | Path | None = None,
         lora_rank: int | None = None,
+        max_model_len: int = 512,
     ) -> None:
         """`lora_rank`: serve LoRA adapters up to this rank, loaded at run time (the gateway's light reload
-        path, docs/gateway.md); None: LoRA off."""
+        path, docs/gateway.md); None: LoRA off. `max_model_len`: prompt plus completion, in tokens (the
+        demo's calls fit in 512; a coding CLI's first prompt is ~34K tokens)."""
         if lora_rank is not None and lora_rank not in LORA_RANKS:
             raise ValueError(
                 f"lora_rank must be one of {LORA_RANKS} (vLLM's --max-lora-rank), not {lora_rank}"
@@ -176,6 +177,7 @@ class VLLMServer:
         self.served_model_name = served_model_name or self.model_dir.name
         self.log_path = Path(log_path) if log_path else None
         self.lora_rank = lora_rank
+        self.max_model_len = max_model_len
         self._process: subprocess.Popen[bytes] | None = None
         self._scratch: tempfile.TemporaryDirectory[str] | None = None
 
@@ -188,6 +190,7 @@ class VLLMServer:
             str(python), "-m", "vllm.entrypoints.openai.api_server",
             "--model", str(self.model_dir), "--served-model-name", self.served_model_name,
             "--host", "127.0.0.1", "--port", str(self.port), *SERVER_FLAGS,
+            "--max-model-len", str(self.max_model_len),
         ]  # fmt: skip
         if self.lora_rank is not None:
             # One adapter slot: the policy's, replaced in place by each reload (runtime LoRA updating).
