@@ -14,11 +14,14 @@ CREATE OR REPLACE MACRO json_doc(j) AS
 CREATE OR REPLACE MACRO json_text(j) AS
     CASE json_type(j) WHEN 'VARCHAR' THEN j ->> '$' WHEN 'NULL' THEN NULL ELSE j::VARCHAR END;
 
--- Finish reasons as OpenAI spells them; the semconv libraries write 'tool_call' for OpenAI's 'tool_calls'.
+-- Finish reasons as OpenAI spells them; the semconv libraries write 'tool_call' for OpenAI's 'tool_calls',
+-- Anthropic and Bedrock `tool_use` (Claude Code, Strands), the Vercel AI SDK `tool-calls` (opencode).
 -- An empty reason (the gateway writes "" for a choice that has none) is NULL.
 CREATE OR REPLACE MACRO finish_reason(r) AS
     CASE nullif(lower(r), '')
         WHEN 'tool_call' THEN 'tool_calls'
+        WHEN 'tool_use' THEN 'tool_calls'
+        WHEN 'tool-calls' THEN 'tool_calls'
         WHEN 'function_call' THEN 'tool_calls'
         WHEN 'max_tokens' THEN 'length'
         WHEN 'end_turn' THEN 'stop'
@@ -53,44 +56,9 @@ CREATE OR REPLACE MACRO with_finish_reason(message, reason) AS
 -- are planned and run several times. Text is therefore joined with list_aggr(..., 'string_agg', ''),
 -- which gives NULL rather than '' for nothing (chat_message makes '' NULL anyway).
 
-CREATE OR REPLACE MACRO semconv_messages_of(doc) AS from_json(doc, '[{
-    "role": "VARCHAR", "finish_reason": "VARCHAR",
-    "parts": [{"type": "VARCHAR", "content": "VARCHAR", "id": "VARCHAR", "name": "VARCHAR",
-               "arguments": "VARCHAR", "response": "VARCHAR"}]}]');
-
 -- The text of the parts of one type, joined; NULL when there is none.
 CREATE OR REPLACE MACRO parts_text(parts, part_type) AS
     list_aggr([p.content FOR p IN parts IF p.type = part_type AND p.content <> ''], 'string_agg', '');
-
-CREATE OR REPLACE MACRO semconv_message(m) AS chat_message(
-    m.role,
-    coalesce(parts_text(m.parts, 'text'),
-             list_aggr([p.response FOR p IN m.parts IF p.type = 'tool_call_response' AND p.response <> ''],
-                       'string_agg', '')),
-    [{'id': p.id, 'name': p.name, 'arguments': p.arguments}
-        FOR p IN m.parts IF p.type = 'tool_call'],
-    [p.id FOR p IN m.parts IF p.type = 'tool_call_response'][1],
-    parts_text(m.parts, 'reasoning')
-);
-
--- Input messages: a message holding several tool results becomes one tool message per result, since
--- the normalized message has one tool_call_id. System instructions (a separate attribute) come first.
-CREATE OR REPLACE MACRO semconv_input_messages(doc, system_instructions) AS
-    CASE WHEN system_instructions IS NOT NULL THEN
-        [chat_message('system',
-                      parts_text(from_json(system_instructions,
-                                           '[{"type": "VARCHAR", "content": "VARCHAR"}]'), 'text'),
-                      NULL, NULL, NULL)]
-    ELSE [] END
-    || flatten([
-        CASE WHEN len([p FOR p IN m.parts IF p.type = 'tool_call_response']) > 1
-             THEN [chat_message('tool', p.response, NULL, p.id, NULL)
-                   FOR p IN m.parts IF p.type = 'tool_call_response']
-             ELSE [semconv_message(m)] END
-        FOR m IN semconv_messages_of(doc)]);
-
-CREATE OR REPLACE MACRO semconv_output_messages(doc) AS
-    [with_finish_reason(semconv_message(m), m.finish_reason) FOR m IN semconv_messages_of(doc)];
 
 -- Tool definitions in OpenAI shape; Traceloop writes them flattened ({"type", "name", "parameters"}).
 CREATE OR REPLACE MACRO openai_tool_definitions(doc) AS

@@ -46,6 +46,7 @@ SELECT
          THEN TRY_CAST(attributes ->> 'gen_ai.evaluation.score.value' AS DOUBLE) END AS value,
     attributes ->> 'gen_ai.evaluation.score.label' AS label,
     attributes ->> 'gen_ai.evaluation.explanation' AS explanation,
+    -- NULL when the sender named none: samples trust it only with `--trusted-source any`
     attributes ->> 'otel_rl.reward.source' AS source,
     origin,
     -- the sender's time, for display; "latest" is by the server's receive order (received_at, then seq),

@@ -15,7 +15,9 @@ from otel_rl.attributes import IDENTITY_KEYS
 
 # The span context of the last model call that ended in this thread or task (for turn rewards).
 LAST_LLM_CALL: ContextVar[SpanContext | None] = ContextVar("otel_rl_last_llm_call", default=None)
-LLM_OPERATIONS = ("chat", "text_completion")
+# The model-call operations of GenAI semconv (and its older `completion`), and Traceloop's request types:
+# the views recognize the same (transforms/18_call_spans.sql).
+LLM_OPERATIONS = ("chat", "text_completion", "generate_content", "completion")
 
 
 def baggage_identity(context: Context | None = None) -> dict[str, str]:
@@ -28,6 +30,7 @@ def is_llm_call(attributes: Mapping[str, Any]) -> bool:
     return (
         attributes.get("gen_ai.operation.name") in LLM_OPERATIONS
         or attributes.get("openinference.span.kind") == "LLM"
+        or attributes.get("llm.request.type") in ("chat", "completion")
     )
 
 
