@@ -114,7 +114,9 @@ def bearer(header: str | None) -> str | None:
     """The token of an `Authorization: Bearer <token>` header value."""
     if not header:
         return None
-    scheme, _, token = header.strip().partition(" ")
+    # OTEL_EXPORTER_OTLP_HEADERS values are percent-encoded (the OTel spec), and some exporters send them
+    # undecoded: JavaScript's (Claude Code, opencode) send `Bearer%20<key>`. Keys never hold a '%'.
+    scheme, _, token = header.strip().replace("%20", " ", 1).partition(" ")
     if scheme.lower() != "bearer":
         return None
     return token.strip() or None

@@ -7,7 +7,7 @@ from otel_rl_server import ServerProcess
 from test_collector_http import PROTOBUF, spans_request
 
 from otel_rl.attributes import ROLLOUT_ID
-from otel_rl.auth import Auth
+from otel_rl.auth import Auth, bearer
 from otel_rl.store import Store
 
 
@@ -45,3 +45,10 @@ def test_a_rollout_key_survives_a_restart_and_exports_only_its_own_rollout(tmp_p
     finally:
         server.stop()
     assert not db.with_name(db.name + ".wal").exists(), "a clean shutdown checkpoints the WAL into the file"
+
+
+def test_a_bearer_header_left_percent_encoded_by_a_javascript_exporter_is_read() -> None:
+    # OTEL_EXPORTER_OTLP_HEADERS=authorization=Bearer%20<key>: Claude Code's and opencode's exporters send the
+    # value as written
+    assert bearer("Bearer%20k-123") == bearer("Bearer k-123") == "k-123"
+    assert bearer("Basic%20k-123") is None and bearer("Bearer%20") is None
