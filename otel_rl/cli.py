@@ -2,14 +2,7 @@
 
 import typer
 
-from otel_rl.demo import demo_command
-from otel_rl.gateway.vllm import vllm_app
-from otel_rl.query import sql_command
-from otel_rl.server import serve
-from otel_rl.store.cli import store_app
-from otel_rl.tinymodel import model_app
-from otel_rl.train.cli import train_command
-from otel_rl.transforms.cli import export_app
+from otel_rl.extras import register
 
 app = typer.Typer(
     name="otel-rl",
@@ -19,13 +12,15 @@ app = typer.Typer(
     rich_markup_mode="markdown",
 )
 
-# Each component defines its command (or sub-app) next to its code; heavy imports stay inside them.
-# Registrations (one line each):
-app.command("serve")(serve)
-app.command("sql")(sql_command)
-app.add_typer(model_app, name="model")
-app.add_typer(vllm_app, name="vllm")
-app.add_typer(export_app, name="export")
-app.add_typer(store_app, name="store")
-app.command("train")(train_command)
-app.command("demo")(demo_command)
+# Each component defines its command (or sub-app) next to its code; heavy imports stay inside them. Each
+# names the extra it needs: a base install (`pip install otel-rl`, what a harness imports) shows a stand-in
+# saying what to install instead. Registrations (one line each):
+register(app, "serve", "otel_rl.server:serve", extra="server")
+register(app, "sql", "otel_rl.query:sql_command", extra="server")
+register(app, "model", "otel_rl.tinymodel:model_app", extra="train")
+register(app, "vllm", "otel_rl.gateway.vllm:vllm_app", extra="server")
+register(app, "export", "otel_rl.transforms.cli:export_app", extra="server")
+register(app, "store", "otel_rl.store.cli:store_app", extra="server")
+register(app, "train", "otel_rl.train.cli:train_command", extra="train")
+register(app, "demo", "otel_rl.demo:demo_command", extra="all")
+register(app, "harness", "otel_rl.harnesses.cli:harness_app", extra="server")

@@ -11,6 +11,18 @@ def lazy_exports(package: str, exports: Mapping[str, str]) -> Callable[[str], An
     def __getattr__(name: str) -> Any:
         if name not in exports:
             raise AttributeError(f"module {package!r} has no attribute {name!r}")
-        return getattr(import_module(exports[name]), name)
+        try:
+            module = import_module(exports[name])
+        except ModuleNotFoundError as error:
+            if error.name is None or error.name.split(".")[0] == "otel_rl":
+                raise
+            # A base install (`pip install otel-rl`) has the SDK only; say what brings the rest.
+            raise ModuleNotFoundError(
+                f"{package}.{name} needs {error.name!r}, which this install lacks: the server, the "
+                "transforms and the trainer come with extras: pip install 'otel-rl[server]' (or [train], "
+                "[all])",
+                name=error.name,
+            ) from error
+        return getattr(module, name)
 
     return __getattr__

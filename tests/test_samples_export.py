@@ -118,7 +118,7 @@ def test_export_samples_writes_the_scored_rollouts_and_reports_what_it_left_out(
     assert r1["advantage"] == pytest.approx(0.7071, abs=1e-3) and r2["advantage"] == pytest.approx(
         -0.7071, abs=1e-3
     )
-    assert "status_timeout: 1" in result.output and "missing_reward: 1" in result.output
+    assert "status_timeout: 1" in result.output and "untrusted_reward: 1" in result.output
 
 
 def test_export_sft_writes_the_conversations_of_rewarded_rollouts(store_path: Path, tmp_path: Path):

@@ -31,6 +31,7 @@ def train_command(
     """Train the policy: online (the harnesses run against the gateway while it learns), `--offline` from
     stored rollouts with importance correction, or `--sft` (rejection sampling with --min-reward)."""
     from rich.console import Console
+    from rich.markup import escape
     from transformers.utils import logging as hf_logging
 
     from otel_rl.query import QueryError
@@ -63,6 +64,6 @@ def train_command(
             result = run_online(settings, console)
             checkpoint = f"{settings.output_dir} ({len(result.steps)} steps in {result.wall_s:.0f} s)"
     except (ConfigError, ValueError, QueryError, OnlineTrainingError) as error:
-        console.print(f"[red]error:[/] {error}")
+        console.print(f"[red]error:[/] {escape(str(error))}")
         raise typer.Exit(1) from None
     console.print(f"policy checkpoints: {checkpoint}")

@@ -1,10 +1,13 @@
 """Training configuration: the typed settings of `otel-rl train`, read from YAML and validated up front."""
 
 from pathlib import Path
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+if TYPE_CHECKING:
+    from otel_rl.transforms.rewards import RewardSpec
 
 
 class ConfigError(ValueError):
@@ -64,9 +67,16 @@ class RewardSettings(_Section):
     name: str = "outcome"  # gen_ai.evaluation.name
     rule: Literal["last", "mean", "max", "sum"] = "last"  # how several rewards of one rollout combine
     # Only these otel_rl.reward.source values count: the SDK's default inside a harness is "harness", which
-    # the policy can steer; "grader" is an external grader (and /v1/rewards by default).
-    trusted_sources: list[str] = ["grader"]
+    # the policy can steer; "grader" is an external grader (and /v1/rewards by default); "any" trusts every
+    # source, and rewards sent without one.
+    trusted_sources: list[str] = Field(["grader"], min_length=1)
     missing: float | None = None  # the reward of a rollout without one; None leaves the rollout out
+
+    def spec(self) -> "RewardSpec":
+        """The samples pipeline's reward selection for these settings."""
+        from otel_rl.transforms.rewards import RewardSpec
+
+        return RewardSpec(self.name, self.rule, tuple(self.trusted_sources), self.missing)
 
 
 class OnlineSettings(_Section):

@@ -26,7 +26,7 @@ def stored_samples(
     and the result can be exported as chats for SFT.
     """
     from otel_rl.query import query
-    from otel_rl.transforms.rewards import RewardSpec
+    from otel_rl.transforms.rewards import trust_setting
     from otel_rl.transforms.samples import SampleOptions, build_samples, load_inputs
 
     server, db = (None, config.server.db) if config.server.db else (config.server.url, None)
@@ -37,14 +37,14 @@ def stored_samples(
     calls, rollouts, rewards = load_inputs(where, run_query, messages=tokenizer is not None)
     reward = config.reward
     options = SampleOptions(
-        reward=RewardSpec(reward.name, reward.rule, tuple(reward.trusted_sources), reward.missing),
+        reward=reward.spec(),
         estimator=config.algorithm.advantage_estimator,
         drift_sample=0,
     )
     samples, report = build_samples(calls, rollouts, rewards, tokenizer=tokenizer, options=options)
     if samples.height == 0:
         raise ValueError(
-            f"no usable samples among the rollouts where {where}: dropped {report.dropped_rollouts}"
+            f"no usable samples among the rollouts where {where}: dropped {report.why_dropped(trust_setting)}"
         )
     return samples, calls
 

@@ -215,6 +215,7 @@ class OnlineLoop:
 
     async def _step(self, trainer: TrainerProcess, show: Callable[[str], None]) -> StepRecord:
         from otel_rl.transforms.export import to_dataproto
+        from otel_rl.transforms.rewards import trust_setting
 
         started, started_ns = time.monotonic(), time.time_ns()
         version = self.state.version
@@ -228,15 +229,17 @@ class OnlineLoop:
             show("building samples")
             samples, report = await asyncio.to_thread(self._samples, groups, version)
             transformed = time.monotonic()
+            why = report.why_dropped(trust_setting)  # the senders' text: printed without rich markup
+            if report.untrusted_rewards or not samples.height:
+                self.console.print(f"{len(groups)} groups gave {samples.height} samples: {why}", markup=False)
             if samples.height:
                 break
             await self._release(len(groups))
             empty_rounds += 1
-            self.console.print(f"[yellow]{len(groups)} groups gave no samples: {report.dropped_rollouts}")
             if empty_rounds == 3:
                 raise OnlineTrainingError(
-                    "three batches of groups in a row gave no samples; see the `rollouts` view and the "
-                    f"harness logs in {self.config.output_dir / 'rollouts'}"
+                    f"three batches of groups in a row gave no samples ({why}); see the `rollouts` view and "
+                    f"the harness logs in {self.config.output_dir / 'rollouts'}"
                 )
         show(f"training on {samples.height} samples")
         batch = to_dataproto(samples, trainer.pad_token_id)
@@ -322,13 +325,11 @@ class OnlineLoop:
             await asyncio.sleep(POLL_S)
 
     def _samples(self, groups: list[str], version: int) -> tuple[pl.DataFrame, Any]:
-        from otel_rl.transforms.rewards import RewardSpec
         from otel_rl.transforms.samples import SampleOptions, build_samples
 
         calls, rollouts, rewards = read_groups(self.client.query, self.window, groups)
-        reward = self.config.reward
         options = SampleOptions(
-            reward=RewardSpec(reward.name, reward.rule, tuple(reward.trusted_sources), reward.missing),
+            reward=self.config.reward.spec(),
             estimator=self.config.algorithm.advantage_estimator,
             current_policy_version=version,
             max_staleness=self.config.algorithm.max_staleness,

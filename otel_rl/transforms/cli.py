@@ -29,7 +29,9 @@ RewardRule = Annotated[
 Trusted = Annotated[
     list[str] | None,
     typer.Option(
-        "--trusted-source", help=f"otel_rl.reward.source values to trust [default {DEFAULT_TRUSTED_SOURCES}]"
+        "--trusted-source",
+        help="otel_rl.reward.source values to trust (repeat it), or `any`: every source, and rewards sent "
+        f"without one [default {' '.join(DEFAULT_TRUSTED_SOURCES)}]",
     ),
 ]
 MissingReward = Annotated[

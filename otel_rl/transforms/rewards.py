@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+import shlex
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Literal
 
@@ -16,6 +19,11 @@ AggregationRule = Literal["last", "mean", "max", "sum"]
 # inside the agent's own process is not trusted unless configured: the policy can steer that process. Sent
 # with a rollout key, its source is "harness" whatever it says (the collector rewrites it).
 DEFAULT_TRUSTED_SOURCES = (REWARD_SOURCE_GRADER,)
+# Trusts every source, a reward sent without one too (`--trusted-source any`, `trusted_sources: [any]`).
+ANY_SOURCE = "any"
+NO_SOURCE = "(none)"  # how reports count the rewards sent without otel_rl.reward.source
+SHOWN_SOURCES = 5  # a report names this many untrusted sources, then counts the rest
+SHOWN_SOURCE_CHARS = 64  # a source is the sender's text: reports cut it
 
 # Statuses that say the infrastructure failed, not the policy: such rollouts are excluded, never scored 0.
 INFRA_FAILURE_STATUSES = ("timeout", "crashed", "infra_error")
@@ -46,14 +54,59 @@ def _aggregate(rule: AggregationRule) -> pl.Expr:
     }[rule]
 
 
+def named(rewards: pl.DataFrame, spec: RewardSpec) -> pl.DataFrame:
+    """The evaluation events named `spec.name` with a numeric value, from any source."""
+    return rewards.filter(
+        (pl.col("name") == spec.name) & pl.col("value").is_not_null() & pl.col("value").is_not_nan()
+    )
+
+
 def trusted(rewards: pl.DataFrame, spec: RewardSpec) -> pl.DataFrame:
     """The evaluation events named `spec.name` from trusted sources, with a numeric value."""
-    return rewards.filter(
-        (pl.col("name") == spec.name)
-        & pl.col("source").is_in(spec.trusted_sources)
-        & pl.col("value").is_not_null()
-        & pl.col("value").is_not_nan()
+    if ANY_SOURCE in spec.trusted_sources:
+        return named(rewards, spec)
+    return named(rewards, spec).filter(pl.col("source").is_in(spec.trusted_sources))
+
+
+def outcome_sources(rewards: pl.DataFrame, spec: RewardSpec) -> pl.DataFrame:
+    """One row per rollout with outcome rewards named `spec.name`: `rollout_id`, `reward_sources` (every
+    source they came from, NO_SOURCE for those sent without one): what a rollout without a trusted reward
+    had instead."""
+    return (
+        named(rewards, spec)
+        .filter(pl.col("level") == "outcome")
+        .group_by("rollout_id")
+        .agg(pl.col("source").fill_null(NO_SOURCE).unique().sort().alias("reward_sources"))
     )
+
+
+def trust_flag(source: str) -> str:
+    """How `otel-rl export` trusts a source."""
+    return f"--trusted-source {shlex.quote(source)}"
+
+
+def trust_setting(source: str) -> str:
+    """How a training config trusts a source. JSON strings: valid YAML, and never read as rich markup."""
+    return f"reward.trusted_sources: [{json.dumps(source)}]"
+
+
+def untrusted_hint(by_source: Mapping[str, int], trust: Callable[[str], str] = trust_flag) -> str:
+    """The untrusted sources of dropped rewards with their rollout counts, and the option that trusts them
+    (`trust` writes it for one source: trust_flag, trust_setting). Only `any` trusts a reward without one."""
+    counts = sorted(by_source.items(), key=lambda item: -item[1])
+    shown = [
+        f"no source ({n})" if source == NO_SOURCE else f"source {_cut(source)!r} ({n})"
+        for source, n in counts[:SHOWN_SOURCES]
+    ]
+    if len(counts) > SHOWN_SOURCES:
+        shown.append(f"{len(counts) - SHOWN_SOURCES} more sources")
+    named_sources = [source for source, _ in counts[:SHOWN_SOURCES] if source != NO_SOURCE]
+    options = [trust(_cut(source)) for source in named_sources]
+    return f"{', '.join(shown)}; trust them with {' or '.join([*options, trust(ANY_SOURCE)])}"
+
+
+def _cut(source: str) -> str:
+    return source if len(source) <= SHOWN_SOURCE_CHARS else source[:SHOWN_SOURCE_CHARS] + "…"
 
 
 def outcome_rewards(rewards: pl.DataFrame, spec: RewardSpec) -> pl.DataFrame:

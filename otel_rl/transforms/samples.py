@@ -16,7 +16,10 @@ from otel_rl.transforms.rewards import (
     RewardSpec,
     attach_turn_rewards,
     outcome_rewards,
+    outcome_sources,
+    trust_flag,
     turn_rewards,
+    untrusted_hint,
 )
 from otel_rl.transforms.tokens import Drift, call_tokens, measure_drift
 
@@ -92,6 +95,9 @@ class Report:
     dropped_rollouts: dict[str, int] = field(default_factory=dict)
     dropped_calls: dict[str, int] = field(default_factory=dict)
     dropped_segments: dict[str, int] = field(default_factory=dict)
+    # Rollouts whose outcome rewards all came from untrusted sources (dropped as `untrusted_reward`, or
+    # given the fill value), by source (NO_SOURCE: sent without one)
+    untrusted_rewards: dict[str, int] = field(default_factory=dict)
     cut: dict[str, int] = field(default_factory=dict)
     token_sources: dict[str, int] = field(default_factory=dict)  # calls by source
     drift: Drift | None = None
@@ -103,6 +109,14 @@ class Report:
             out["drift"]["share"] = self.drift.share
         return out
 
+    def why_dropped(self, trust: Callable[[str], str] = trust_flag) -> str:
+        """The dropped rollouts by reason, with the untrusted rewards' sources and the option that trusts
+        them (`trust`: see rewards.untrusted_hint)."""
+        reasons = ", ".join(f"{reason}: {n}" for reason, n in self.dropped_rollouts.items()) or "none dropped"
+        if not self.untrusted_rewards:
+            return reasons
+        return f"{reasons} (untrusted rewards: {untrusted_hint(self.untrusted_rewards, trust)})"
+
 
 def _count(frame: pl.DataFrame, column: str) -> dict[str, int]:
     return dict(frame.group_by(column).len().sort(column).iter_rows())
@@ -110,12 +124,14 @@ def _count(frame: pl.DataFrame, column: str) -> dict[str, int]:
 
 def exclude_rollouts(
     rollouts: pl.DataFrame, calls: pl.DataFrame, rewards: pl.DataFrame, options: SampleOptions
-) -> tuple[pl.DataFrame, dict[str, int]]:
-    """Rollouts that can be scored, with their `reward`; the others counted by reason.
+) -> tuple[pl.DataFrame, dict[str, int], dict[str, int]]:
+    """Rollouts that can be scored, with their `reward`; the others counted by reason; and the rollouts left
+    with untrusted rewards only, counted by source.
 
     Infrastructure failures (status timeout / crashed / infra_error, or a failed model call unless
     `skip_error_calls`) and unfinished rollouts are excluded, never scored 0. Then a rollout needs a trusted
-    reward, unless `reward.missing` gives a fill value.
+    reward, unless `reward.missing` gives a fill value: without one it is dropped as `untrusted_reward` when
+    rewards of the name came from other sources only, else as `missing_reward`.
     """
     failed_calls = calls.filter(pl.col("is_error").fill_null(False)).select("rollout_id").unique()
     reason = (
@@ -128,13 +144,30 @@ def exclude_rollouts(
         reason = reason.when(pl.col("rollout_id").is_in(failed_calls["rollout_id"].implode())).then(
             pl.lit("model_call_failed")
         )
-    scored = rollouts.join(outcome_rewards(rewards, options.reward), on="rollout_id", how="left")
+    scored = (
+        rollouts.join(outcome_rewards(rewards, options.reward), on="rollout_id", how="left")
+        .join(outcome_sources(rewards, options.reward), on="rollout_id", how="left")
+        .with_columns(_untrusted=pl.col("reward").is_null() & pl.col("reward_sources").is_not_null())
+    )
     if options.reward.missing is None:
-        reason = reason.when(pl.col("reward").is_null()).then(pl.lit("missing_reward"))
+        reason = (
+            reason.when(pl.col("_untrusted"))
+            .then(pl.lit("untrusted_reward"))
+            .when(pl.col("reward").is_null())
+            .then(pl.lit("missing_reward"))
+        )
     else:
+        # filled in but still counted below: a fill value must not hide every reward the harness sent
         scored = scored.with_columns(pl.col("reward").fill_null(options.reward.missing))
     scored = scored.with_columns(_drop=reason)
-    return scored.filter(pl.col("_drop").is_null()).drop("_drop"), _count(scored.drop_nulls("_drop"), "_drop")
+    # among the rollouts their reward decides for: an infrastructure failure is out whatever its rewards
+    decided_by_reward = pl.col("_drop").is_null() | (pl.col("_drop") == "untrusted_reward")
+    by_source = _count(
+        scored.filter(pl.col("_untrusted") & decided_by_reward).select(pl.col("reward_sources").explode()),
+        "reward_sources",
+    )
+    kept = scored.filter(pl.col("_drop").is_null()).drop("_drop", "_untrusted", "reward_sources")
+    return kept, _count(scored.drop_nulls("_drop"), "_drop"), by_source
 
 
 def build_samples(
@@ -157,7 +190,9 @@ def build_samples(
     report = Report(rollouts=rollouts.height)
     calls = calls.filter(pl.col("rollout_id").is_in(rollouts["rollout_id"].implode()))
     report.calls = calls.height
-    scored, report.dropped_rollouts = exclude_rollouts(rollouts, calls, rewards, options)
+    scored, report.dropped_rollouts, report.untrusted_rewards = exclude_rollouts(
+        rollouts, calls, rewards, options
+    )
     calls = calls.filter(pl.col("rollout_id").is_in(scored["rollout_id"].implode()))
     failed = pl.col("is_error").fill_null(False)
     dropped_calls = {"model_call_failed": calls.filter(failed).height}
@@ -241,7 +276,8 @@ def load_inputs(
 
 
 def report_table(report: Report) -> Any:
-    """The report as a rich renderable."""
+    """The report as a rich renderable, for `otel-rl export`."""
+    from rich.markup import escape
     from rich.table import Table
 
     table = Table(title="samples", show_header=False, title_justify="left")
@@ -261,6 +297,9 @@ def report_table(report: Report) -> Any:
     ):
         if counts:
             table.add_row(f"dropped {unit}", ", ".join(f"{reason}: {n}" for reason, n in counts.items()))
+    if report.untrusted_rewards:
+        # the sources are the senders' text: shown as it is, not read as rich markup
+        table.add_row("untrusted rewards", escape(untrusted_hint(report.untrusted_rewards)))
     if report.cut:
         table.add_row("cut", ", ".join(f"{reason}: {n}" for reason, n in report.cut.items()))
     table.add_row("token sources", ", ".join(f"{s}: {n}" for s, n in report.token_sources.items()) or "-")
