@@ -462,8 +462,9 @@ def test_vllm_reload_in_the_middle_of_streams_fails_no_request(
             while not stop.is_set():
                 headers = {"x-otel-rl-rollout-id": f"{prefix}-{uuid.uuid4().hex[:8]}"}
                 # anthropic 2.x dropped temperature from its signatures (Claude's newest models refuse it)
-                asked = {k: v for k, v in TURN.items() if k != "temperature"}
-                extra = {"extra_headers": headers, "extra_body": {"temperature": 0}}
+                # long turns (ignore_eos), so that a stream is nearly always generating when the reload pauses
+                asked = {k: v for k, v in TURN.items() if k != "temperature"} | {"max_tokens": 300}
+                extra = {"extra_headers": headers, "extra_body": {"temperature": 0, "ignore_eos": True}}
                 async with client.messages.stream(**asked, **extra) as stream:
                     finals.append(await stream.get_final_message())
         return finals
