@@ -36,6 +36,9 @@ CHOICE_LOGPROBS = "otel_rl.choices.{i}.logprobs"
 POLICY_VERSION = "otel_rl.policy.version"
 SAMPLING_PARAMS = "otel_rl.sampling.params"  # JSON of the sampling parameters actually sent
 SERVER_URL = "otel_rl.server.url"  # the vLLM server that answered
+# The API the harness called: chat_completions | completions | messages | responses (the last two are
+# recorded as the chat call they were translated into)
+GATEWAY_API = "otel_rl.gateway.api"
 
 GATEWAY_SCOPE = "otel_rl.gateway"
 CONTROLLER_SCOPE = "otel_rl.controller"

@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import uvicorn
+from loopback import ThreadedServer
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
@@ -241,8 +242,7 @@ class FakeVLLM:
         self._responder: Responder = lambda request, index: f"Fake reply {index}."
         self.script(replies)
         self._ids = itertools.count()
-        self._server: uvicorn.Server | None = None
-        self._thread: threading.Thread | None = None
+        self._serving: ThreadedServer | None = None
         self.port = 0
 
     # scripting
@@ -279,22 +279,14 @@ class FakeVLLM:
         sock.bind(("127.0.0.1", port))
         self.port = sock.getsockname()[1]
         config = uvicorn.Config(self.app(), log_level="warning", lifespan="off", timeout_graceful_shutdown=1)
-        self._server = uvicorn.Server(config)
         logging.getLogger("uvicorn.error").addFilter(QUIET_INJECTED_DISCONNECTS)
-        self._thread = threading.Thread(target=self._server.run, kwargs={"sockets": [sock]}, daemon=True)
-        self._thread.start()
-        deadline = time.monotonic() + 10
-        while not self._server.started:
-            if time.monotonic() > deadline or not self._thread.is_alive():
-                raise RuntimeError("fake vLLM server did not start")
-            time.sleep(0.01)
+        self._serving = ThreadedServer(config, sock, what="fake vLLM server").start()
         return self
 
     def stop(self) -> None:
-        if self._server is not None and self._thread is not None:
-            self._server.should_exit = True
-            self._thread.join(timeout=5)
-            self._server = self._thread = None
+        if self._serving is not None:
+            self._serving.stop()
+            self._serving = None
 
     def refuse_connections(self, seconds: float) -> threading.Thread:
         """Close the listener and its connections now (connects are refused), and reopen it on the same port

@@ -6,7 +6,6 @@ In-process so that tests read the store directly and see the gateway's state; th
 import asyncio
 import json
 import socket
-import threading
 import time
 import uuid
 from pathlib import Path
@@ -17,6 +16,7 @@ import openai
 import pyarrow as pa
 import torch
 import uvicorn
+from loopback import ThreadedServer
 
 from otel_rl.server import ServeSettings, create_app
 
@@ -31,8 +31,7 @@ class GatewayServer:
         self.app = create_app(self.settings)
         self.store = self.app.state.store
         self.gateway = self.app.state.gateway
-        self._server: uvicorn.Server | None = None
-        self._thread: threading.Thread | None = None
+        self._serving: ThreadedServer | None = None
         self.port = 0
 
     @property
@@ -52,22 +51,13 @@ class GatewayServer:
         sock = socket.socket()
         sock.bind(("127.0.0.1", 0))
         self.port = sock.getsockname()[1]
-        self._server = uvicorn.Server(
-            uvicorn.Config(self.app, log_level="warning", timeout_graceful_shutdown=5)
-        )
-        self._thread = threading.Thread(target=self._server.run, kwargs={"sockets": [sock]}, daemon=True)
-        self._thread.start()
-        deadline = time.monotonic() + 30
-        while not self._server.started:
-            if time.monotonic() > deadline or not self._thread.is_alive():
-                raise RuntimeError("the otel-rl app did not start")
-            time.sleep(0.01)
+        config = uvicorn.Config(self.app, log_level="warning", timeout_graceful_shutdown=5)
+        self._serving = ThreadedServer(config, sock, what="the otel-rl app").start(timeout_s=30)
         return self
 
     def __exit__(self, *exc: object) -> None:
-        assert self._server is not None and self._thread is not None
-        self._server.should_exit = True
-        self._thread.join(timeout=30)
+        assert self._serving is not None
+        self._serving.stop(timeout_s=30)
 
     def rollout_key(self, rollout_id: str, **identity: str) -> str:
         response = httpx.post(

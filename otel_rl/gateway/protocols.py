@@ -7,7 +7,6 @@ vLLM's response or stream back into the API's shape.
 """
 
 import importlib
-import importlib.util
 from dataclasses import dataclass
 from functools import cache
 from typing import Any, cast
@@ -73,8 +72,6 @@ ROUTES = {
 @cache
 def protocols() -> dict[str, tuple[Protocol, Route]]:
     """The protocol modules by path (loaded on first use: they import this module for ProtocolError)."""
-    loaded = {}
-    for path, route in ROUTES.items():
-        if importlib.util.find_spec(route.module) is not None:  # one is written while the other lands
-            loaded[path] = (cast(Protocol, importlib.import_module(route.module)), route)
-    return loaded
+    return {
+        path: (cast(Protocol, importlib.import_module(route.module)), route) for path, route in ROUTES.items()
+    }

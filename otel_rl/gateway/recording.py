@@ -14,7 +14,6 @@ from otel_rl.gateway.outputs import CallOutput, ChoiceOutput
 from otel_rl.gateway.upstream import sampling_params
 
 PROVIDER = "vllm"
-GATEWAY_API = "otel_rl.gateway.api"  # the API the harness called: a protocol's, or the operation's own
 OPERATION_APIS = {"chat": "chat_completions", "text_completion": "completions"}
 
 
@@ -65,7 +64,7 @@ def call_attributes(record: CallRecord, *, packed_tokens: bool = True) -> dict[s
         "gen_ai.provider.name": PROVIDER,
         "gen_ai.request.model": request.get("model", ""),
         "gen_ai.request.stream": bool(request.get("stream")),
-        GATEWAY_API: record.api or OPERATION_APIS[record.operation],
+        names.GATEWAY_API: record.api or OPERATION_APIS[record.operation],
         names.POLICY_VERSION: record.policy_version,
         names.SAMPLING_PARAMS: orjson.dumps(sampling_params(sent)).decode(),
         **record.identity,

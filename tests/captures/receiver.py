@@ -6,12 +6,12 @@ import base64
 import json
 import socket
 import threading
-import time
 from pathlib import Path
 from typing import Any
 
 import uvicorn
 from google.protobuf import json_format
+from loopback import ThreadedServer
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import Response
@@ -81,8 +81,7 @@ class OTLPReceiver:
         self.errors: list[str] = []
         self.port = 0
         self._lock = threading.Lock()
-        self._server: uvicorn.Server | None = None
-        self._thread: threading.Thread | None = None
+        self._serving: ThreadedServer | None = None
 
     @property
     def endpoint(self) -> str:
@@ -96,21 +95,13 @@ class OTLPReceiver:
         self.port = sock.getsockname()[1]
         app = Starlette(routes=[Route(path, self._export, methods=["POST"]) for path in SIGNALS])
         config = uvicorn.Config(app, log_level="warning", lifespan="off", timeout_graceful_shutdown=1)
-        self._server = uvicorn.Server(config)
-        self._thread = threading.Thread(target=self._server.run, kwargs={"sockets": [sock]}, daemon=True)
-        self._thread.start()
-        deadline = time.monotonic() + 10
-        while not self._server.started:
-            if time.monotonic() > deadline or not self._thread.is_alive():
-                raise RuntimeError("OTLP receiver did not start")
-            time.sleep(0.01)
+        self._serving = ThreadedServer(config, sock, what="OTLP receiver").start()
         return self
 
     def stop(self) -> None:
-        if self._server is not None and self._thread is not None:
-            self._server.should_exit = True
-            self._thread.join(timeout=5)
-            self._server = self._thread = None
+        if self._serving is not None:
+            self._serving.stop()
+            self._serving = None
 
     def __enter__(self) -> OTLPReceiver:
         return self.start()
