@@ -113,8 +113,9 @@ def run_rollout(cli: HarnessCLI, environ: Mapping[str, str], *, model: str | Non
             run = Run(contract, task, program, model, repo, home)
             invocation = cli.invocation(run)
             # The contract percent-encodes the header value, as the OTel spec says; the JavaScript exporters
-            # of Claude Code (0.208) and opencode do not decode it and would send `Bearer%20<key>` (a 401).
-            # Written plainly, every parser reads the same value.
+            # of Claude Code (0.208) and opencode do not decode it and send `Bearer%20<key>`. otel-rl reads
+            # that too (auth.bearer), but a collector in front of it may not: written plainly, every parser
+            # reads the same value.
             headers = {"OTEL_EXPORTER_OTLP_HEADERS": f"authorization={contract.authorization}"}
             env = dict(environ) | headers | NO_VENDOR_TRAFFIC | trace_env | invocation.env
             exit_code, timed_out = run_cli(invocation.argv, env, repo, task.timeout_s)
