@@ -92,6 +92,12 @@ class GatewayServer:
         return self.store.query_arrow(sql)
 
 
+def policy_version(gateway: GatewayServer) -> int:
+    """The policy version the gateway serves now."""
+    policy = httpx.get(f"{gateway.base_url}/v1/admin/policy", headers=gateway.admin, timeout=10)
+    return policy.json()["version"]
+
+
 def set_policy(gateway: GatewayServer, version: int, **weights: Path) -> httpx.Response:
     """`POST /v1/admin/policy` with `checkpoint=` or `lora_adapter=` folders."""
     body = {"version": version, **{kind: str(path) for kind, path in weights.items()}}

@@ -13,7 +13,7 @@ from types import ModuleType
 import httpx
 import pytest
 from fake_vllm import FakeVLLM, Fault, Reply, ToolCall, render_chat, tokenize
-from gateway_server import ADMIN_TOKEN, GatewayServer, set_policy
+from gateway_server import ADMIN_TOKEN, GatewayServer, policy_version, set_policy
 from otel_rl_server import ServerProcess
 from test_sdk import installed_on_its_own
 
@@ -454,9 +454,8 @@ def test_vllm_reload_in_the_middle_of_streams_fails_no_request(
     anthropic, vllm_server, tiny_model_dir, gateway, tmp_path
 ):
     new_weights = init_model(tmp_path / "seed1", seed=1)
-    prefix = f"messages-reload-{uuid.uuid4().hex[:6]}"
 
-    async def keep_streaming(stop: asyncio.Event) -> list:
+    async def keep_streaming(prefix: str, stop: asyncio.Event) -> list:
         finals = []
         async with anthropic.AsyncAnthropic(base_url=gateway.base_url, api_key=ADMIN_TOKEN) as client:
             while not stop.is_set():
@@ -469,23 +468,35 @@ def test_vllm_reload_in_the_middle_of_streams_fails_no_request(
                     finals.append(await stream.get_final_message())
         return finals
 
-    async def scenario() -> tuple[list, httpx.Response]:
+    async def scenario(prefix: str, version: int) -> tuple[list, httpx.Response]:
         stop = asyncio.Event()
-        streams = asyncio.gather(*(keep_streaming(stop) for _ in range(3)))
-        await asyncio.sleep(1.5)
-        reloaded = await asyncio.to_thread(set_policy, gateway, 1, checkpoint=new_weights)
-        await asyncio.sleep(1.5)
+        streams = asyncio.gather(*(keep_streaming(prefix, stop) for _ in range(3)))
+        deadline = time.monotonic() + 60
+        while gateway.gateway.coordinator.in_flight < 2 and not streams.done():  # streams are generating
+            assert time.monotonic() < deadline, "the streams never got going"
+            await asyncio.sleep(0.005)
+        if streams.done():
+            await streams  # a stream failed before the reload: say how
+        reloaded = await asyncio.to_thread(set_policy, gateway, version, checkpoint=new_weights)
+        await asyncio.sleep(1.0)  # streams after the reload, under the new version
         stop.set()
         return [final for finals in await streams for final in finals], reloaded
 
+    version = policy_version(gateway)
     try:
-        finals, reloaded = asyncio.run(scenario())  # no stream raised: none failed
+        for _ in range(10):  # the streams may all be between turns at the pause (a loaded machine): no proof
+            prefix, version = f"messages-reload-{uuid.uuid4().hex[:6]}", version + 1
+            finals, reloaded = asyncio.run(scenario(prefix, version))  # no stream raised: none failed
+            assert reloaded.status_code == 200, reloaded.text
+            if reloaded.json()["in_flight_at_pause"] >= 1:
+                break
     finally:
-        restored = set_policy(gateway, 2, checkpoint=tiny_model_dir)  # the session server's base weights
-    assert reloaded.status_code == 200 and restored.status_code == 200, (reloaded.text, restored.text)
+        restored = set_policy(gateway, version + 1, checkpoint=tiny_model_dir)  # the session's base weights
+    assert restored.status_code == 200, restored.text
     assert reloaded.json()["in_flight_at_pause"] >= 1  # streams were running when the reload paused
     assert all(final.stop_reason in ("end_turn", "max_tokens") for final in finals)
     spans = gateway.spans(f"attributes->>'otel_rl.rollout.id' LIKE '{prefix}-%'", expect=len(finals))
     assert len(spans) == len(finals)
-    assert {span["attributes"]["otel_rl.policy.version"] for span in spans} == {0, 1}  # straddled the reload
+    # straddled the reload: calls under the old version (those in flight at the pause) and the new
+    assert {span["attributes"]["otel_rl.policy.version"] for span in spans} == {version - 1, version}
     assert not [span for span in spans if "error.type" in span["attributes"]]

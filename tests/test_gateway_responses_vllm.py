@@ -10,7 +10,7 @@ from collections.abc import Iterator
 import httpx
 import openai
 import pytest
-from gateway_server import GatewayServer, set_policy
+from gateway_server import GatewayServer, policy_version, set_policy
 
 CALC = {
     "type": "function",
@@ -204,9 +204,7 @@ def test_a_reload_in_the_middle_of_responses_streams_fails_none_of_them(gateway,
         reloaded = await asyncio.to_thread(set_policy, gateway, version, checkpoint=tiny_model_dir)
         return await streams, reloaded
 
-    version = httpx.get(f"{gateway.base_url}/v1/admin/policy", headers=gateway.admin, timeout=10).json()[
-        "version"
-    ]
+    version = policy_version(gateway)
     for _ in range(10):  # the streams may end before the pause (on a loaded or fast machine): no proof
         prefix = f"reload-stream-{uuid.uuid4().hex[:8]}"
         version += 1
