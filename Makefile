@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint bench vllm-env lock clean
+.PHONY: demo test lint bench vllm-env debian-tools lock clean
 
 # Exact versions from requirements.lock (the figures in docs/ were measured with them), then the project with
 # every extra: the lock is the frozen `[all,dev]` install (`pip install otel-rl` alone is the harness's SDK).
@@ -24,7 +24,16 @@ vllm-env: $(STAMP)
 demo: $(STAMP) vllm-env
 	$(BIN)/otel-rl demo $(if $(QUICK),--quick)
 
-test: $(STAMP) vllm-env
+# The web view's tests drive Debian's Chromium; the metrics tests scrape with Debian's Prometheus.
+DEBIAN_TOOLS := chromium prometheus
+debian-tools:
+	@missing=$$(for t in $(DEBIAN_TOOLS); do command -v $$t >/dev/null || echo $$t; done); \
+	if [ -n "$$missing" ]; then \
+	  sudo=$$([ "$$(id -u)" = 0 ] || echo sudo); \
+	  $$sudo apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$sudo apt-get install -y -qq --no-install-recommends $$missing; \
+	fi
+
+test: $(STAMP) vllm-env debian-tools
 	$(BIN)/python -m pytest -q
 
 lint: $(STAMP)
