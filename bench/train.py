@@ -2,9 +2,11 @@
 of wall time the harnesses were paused for reloads (aim: under 5%), and the trainer's samples/s.
 
 Runs the real pipeline: the tiny model in vLLM, `otel-rl serve` with the gateway in front of it, the
-calculator harness (examples/calc_agent.py) as processes under the rollout controller, the local trainer.
+calculator harness (examples/calc_agent.py) as processes under the rollout controller, the trainer of
+`--backend`. With `--backend verl` it first compares both backends on the same fixed batches (step time,
+trainer tokens/s, the floor of a plain forward+backward: bench/train_backends.py), then trains online on verl.
 
-    .venv/bin/python bench/train.py [--steps 6 --group-size 4 --groups 4 --max-staleness 1]
+    .venv/bin/python bench/train.py [--backend verl --steps 6 --group-size 4 --groups 4 --max-staleness 1]
 """
 
 import argparse
@@ -23,8 +25,10 @@ from rich.table import Table
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "examples"))
+sys.path.insert(0, str(ROOT / "bench"))
 
 from calc_task import sample_tasks, split_problems, write_tasks  # noqa: E402
+from train_backends import compare, samples  # noqa: E402
 
 from otel_rl.controller import Controller, ControllerSettings, group_rollouts  # noqa: E402
 from otel_rl.gateway.vllm import VLLMServer, free_ports  # noqa: E402
@@ -119,6 +123,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
+    parser.add_argument("--backend", choices=("local", "verl"), default="local")
     parser.add_argument("--steps", type=int, default=6)
     parser.add_argument("--group-size", type=int, default=4)
     parser.add_argument("--groups", type=int, default=4, help="groups per step")
@@ -132,6 +137,8 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="otel-rl-bench-train-") as tmp:
         workdir = Path(tmp)
         model = init_model(workdir / "tiny")
+        if args.backend == "verl":
+            compare_backends(console, model, args)
         train_problems, _ = split_problems()
         tasks = write_tasks(workdir / "tasks.jsonl", sample_tasks(train_problems, 200, "train", seed=0))
         with VLLMServer(model, served_model_name="tiny", log_path=workdir / "vllm.log") as vllm:
@@ -145,6 +152,7 @@ def main() -> None:
                         "model": str(model),
                         "output_dir": str(workdir / "run"),
                         "steps": args.steps,
+                        "backend": args.backend,
                         "server": {"url": url, "token": TOKEN},
                         "algorithm": {
                             "group_size": args.group_size,
@@ -166,6 +174,15 @@ def main() -> None:
                 server.terminate()
                 server.wait(30)
     report(console, result.steps, result.wall_s, args)
+
+
+def compare_backends(console: Console, model: Path, args: argparse.Namespace) -> None:
+    """Both backends and the floor on the same batches of the online run's shape (no vLLM needed)."""
+    from transformers import AutoTokenizer
+
+    config = config_from_dict({"model": str(model), "steps": 6, "algorithm": {"group_size": args.group_size}})
+    tokenizer = AutoTokenizer.from_pretrained(model)
+    compare(console, config, [samples(tokenizer, args.groups, args.group_size, seed) for seed in range(6)])
 
 
 def report(console: Console, steps: list, wall_s: float, args: argparse.Namespace) -> None:

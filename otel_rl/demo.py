@@ -13,7 +13,7 @@ from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from types import ModuleType
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 import httpx
 import typer
@@ -186,7 +186,13 @@ def sft_settings(plan: DemoPlan, url: str, token: str, model: Path, workdir: Pat
 
 
 def rl_settings(
-    plan: DemoPlan, url: str, token: str, model: Path, workdir: Path, tasks: dict[str, Path]
+    plan: DemoPlan,
+    url: str,
+    token: str,
+    model: Path,
+    workdir: Path,
+    tasks: dict[str, Path],
+    backend: str = "local",
 ) -> "TrainConfig":
     """Stage 2: online GRPO with the calculator harness, held-out evaluation with the same harness."""
     from otel_rl.train.config import config_from_dict
@@ -197,6 +203,7 @@ def rl_settings(
         | {
             "model": str(model),
             "output_dir": str(workdir / "rl"),
+            "backend": backend,
             "steps": plan.rl_steps,
             "optim": {"lr": plan.rl_lr, "micro_batch_size": 64},
             "algorithm": {"group_size": plan.group_size, "groups_per_step": plan.groups_per_step},
@@ -220,8 +227,11 @@ def rl_settings(
     )
 
 
-def run_demo(plan: DemoPlan, workdir: Path, console: Console, vllm_url: str | None = None) -> dict[str, Any]:
-    """Both stages end to end; returns the report (also written to workdir/report.json).
+def run_demo(
+    plan: DemoPlan, workdir: Path, console: Console, vllm_url: str | None = None, backend: str = "local"
+) -> dict[str, Any]:
+    """Both stages end to end; returns the report (also written to workdir/report.json). `backend` trains
+    stage 2 (local or verl); stage 1's SFT is the local trainer's (verl's backend trains RL updates only).
 
     With `vllm_url`, the gateway uses that running vLLM server (it must serve a model of the tiny model's
     shape, with the reload endpoints on) instead of starting one; it is left serving the trained weights.
@@ -263,7 +273,7 @@ def run_demo(plan: DemoPlan, workdir: Path, console: Console, vllm_url: str | No
 
         console.rule("stage 2, online: GRPO through the gateway, the store and synchronized reloads")
         stage = time.monotonic()
-        rl_config = rl_settings(plan, url, token, start_policy, workdir, tasks)
+        rl_config = rl_settings(plan, url, token, start_policy, workdir, tasks, backend)
         result = run_online(rl_config, console)
         timings["stage2_s"] = time.monotonic() - stage
 
@@ -301,6 +311,13 @@ def demo_command(
         str | None,
         typer.Option(help="Use this running vLLM server (tiny model, reloads on); default: start one"),
     ] = None,
+    backend: Annotated[
+        Literal["local", "verl"],
+        typer.Option(help="Who trains stage 2: otel-rl's own trainer, or verl's engine (docs/verl.md)"),
+    ] = "local",
+    serve: Annotated[
+        bool, typer.Option(help="At the end, serve the web view of the run (/ui) until Ctrl-C")
+    ] = True,
 ) -> None:
     """Build a tiny model, start vLLM and the server, fine-tune it on a scripted expert's traces, then
     improve it with online GRPO through the real harness; report held-out success before and after."""
@@ -312,7 +329,7 @@ def demo_command(
     console = Console()
     workdir = workdir.resolve()
     try:
-        report = run_demo(QUICK if quick else FULL, workdir, console, vllm)
+        report = run_demo(QUICK if quick else FULL, workdir, console, vllm, backend)
     except (RuntimeError, ValueError) as error:
         console.print(f"[red]demo failed:[/] {error}")
         raise typer.Exit(1) from None
@@ -332,3 +349,7 @@ def demo_command(
     console.print("look inside:")
     for title, sql in SQL_TO_TRY:
         console.print(f'  [dim]# {title}[/]\n  otel-rl sql --db {report["store"]} "{sql}"', soft_wrap=True)
+    if serve:
+        from otel_rl.ui.serve import serve_until_interrupted
+
+        serve_until_interrupted(Path(report["store"]), tokenizer=workdir / "model-init", console=console)

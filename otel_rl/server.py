@@ -29,7 +29,7 @@ class ServeSettings:
     )
     token_file: Path | None = None
     public_docs: bool = False  # /docs, /redoc and /openapi.json without the admin token
-    public_metrics: bool = False  # the gateway's /metrics without the admin token
+    public_metrics: bool = False  # /metrics without the admin token
     query_timeout_s: float = 10.0
     query_max_bytes: int = 256 * 1024 * 1024
     query_concurrency: int = 4
@@ -42,6 +42,7 @@ class ServeSettings:
     split_sampling: dict | None = None  # {"train": {...}, "val": {...}}; None: the gateway's defaults
     upstream_timeout_s: float = 600.0  # one model call through the gateway
     drain_timeout_s: float = 30.0  # how long a reload lets calls in flight finish before aborting them
+    tokenizer: Path | None = None  # the model folder whose tokenizer decodes tokens in /ui; default: model
 
 
 def create_app(settings: ServeSettings):  # noqa: ANN201 - FastAPI, imported lazily to keep the CLI fast
@@ -55,14 +56,24 @@ def create_app(settings: ServeSettings):  # noqa: ANN201 - FastAPI, imported laz
     from otel_rl.auth import Auth, Forbidden, Unauthorized, admin_required, admin_token
     from otel_rl.collector.http import collector_router
     from otel_rl.collector.rewards import rewards_router
-    from otel_rl.gateway.routes import ModelCallRoutes, gateway_router
+    from otel_rl.gateway.metrics import GatewayState
+    from otel_rl.gateway.protocols import protocols
+    from otel_rl.gateway.routes import CALL_PATHS, COUNT_TOKENS_PATH, ModelCallRoutes, gateway_router
+    from otel_rl.observability.exposition import metrics_router, server_metrics
+    from otel_rl.observability.http import RequestMetrics
     from otel_rl.query_api import QueryLimits, RunningQueries, query_router
     from otel_rl.store import Store
+    from otel_rl.ui.routes import ui_router
 
     store = Store(settings.db)
     token, token_source = admin_token(settings.token, explicit_file=settings.token_file)
     auth = Auth(store, token)
     gateway, local_vllm = _gateway(settings, store, auth)
+    metrics = server_metrics(
+        store,
+        fixed_paths=(*CALL_PATHS, *protocols(), COUNT_TOKENS_PATH, "/"),  # served ahead of the router
+        others=(gateway.metrics, GatewayState(gateway.coordinator, gateway.pool)),
+    )
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -71,7 +82,7 @@ def create_app(settings: ServeSettings):  # noqa: ANN201 - FastAPI, imported laz
             from otel_rl.collector.grpc import start_grpc_server
 
             grpc_server, app.state.grpc_port = start_grpc_server(
-                store, auth, host=settings.host, port=settings.grpc_port
+                store, auth, metrics.ingest, host=settings.host, port=settings.grpc_port
             )
         if local_vllm is not None:
             local_vllm.start()
@@ -104,7 +115,9 @@ def create_app(settings: ServeSettings):  # noqa: ANN201 - FastAPI, imported laz
     app.state.store = store
     app.state.auth = auth
     app.state.token_source = token_source
-    app.include_router(collector_router(store, auth, max_body_bytes=settings.max_body_bytes))
+    app.state.metrics = metrics
+    app.state.ui_url = f"http://{settings.host}:{settings.http_port}/ui#token={token}"  # the page reads it
+    app.include_router(collector_router(store, auth, metrics.ingest, max_body_bytes=settings.max_body_bytes))
     limits = QueryLimits(
         timeout_s=settings.query_timeout_s,
         max_result_bytes=settings.query_max_bytes,
@@ -113,9 +126,16 @@ def create_app(settings: ServeSettings):  # noqa: ANN201 - FastAPI, imported laz
     app.state.queries = RunningQueries()
     app.include_router(query_router(store, auth, limits, app.state.queries))
     app.include_router(rewards_router(store, auth))
+    ui_tokenizer = settings.tokenizer or settings.model
+    app.include_router(
+        ui_router(store, auth, tokenizer_folder=ui_tokenizer, timeout_s=settings.query_timeout_s)
+    )
     app.state.gateway = gateway
-    app.include_router(gateway_router(gateway, public_metrics=settings.public_metrics))
+    app.include_router(gateway_router(gateway))
     app.add_middleware(ModelCallRoutes, gateway=gateway)
+    app.add_middleware(RequestMetrics, metrics=metrics.http)  # the outermost: sees every request
+    metrics_auth = [] if settings.public_metrics else [Depends(admin_required(auth))]
+    app.include_router(metrics_router(metrics.registry, dependencies=metrics_auth))
 
     @app.exception_handler(RequestValidationError)
     async def invalid_request(request: Request, exc: RequestValidationError) -> JSONResponse:
@@ -233,6 +253,10 @@ def serve(
             help="Seconds a model call may wait for vLLM (also for a server that is down to come back)"
         ),
     ] = 600.0,
+    tokenizer: Annotated[
+        Path | None,
+        typer.Option(help="A model folder whose tokenizer decodes tokens in the web view (default: --model)"),
+    ] = None,
     drain_timeout: Annotated[
         float, typer.Option(help="Seconds a weight reload lets calls in flight finish before aborting them")
     ] = 30.0,
@@ -260,6 +284,7 @@ def serve(
         split_sampling=_json_option("--split-sampling", split_sampling),
         upstream_timeout_s=upstream_timeout,
         drain_timeout_s=drain_timeout,
+        tokenizer=tokenizer,
     )
     from otel_rl.store.wal import StoreDamaged
 
@@ -278,6 +303,7 @@ def serve(
     servers = ", ".join(server.url for server in app.state.gateway.pool.servers) or "none (--model / --vllm)"
     local = f" (starting vLLM for {settings.model})" if settings.model else ""
     console.print(f"gateway on http://{host}:{http_port}/v1 → vLLM {servers}{local}")
+    console.print(f"web view: {app.state.ui_url}", soft_wrap=True)
     # uvicorn turns SIGINT/SIGTERM into a clean shutdown; the lifespan then stops gRPC and closes the store.
     config = uvicorn.Config(app, host=host, port=http_port, log_level="warning", access_log=False)
     _uvicorn_server(config, on_exit=app.state.queries.stop_all).run()

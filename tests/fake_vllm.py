@@ -4,6 +4,7 @@ What it speaks (as vLLM 0.32 does): `POST /v1/chat/completions` and `/v1/complet
 streaming (`stream_options.include_usage`, `.continuous_usage_stats`), `n` choices, tools → `tool_calls`,
 `return_token_ids` → `prompt_token_ids` + per-choice `token_ids` (streaming: on the role chunks / each chunk's
 delta), `logprobs`, vLLM error bodies, `POST /tokenize` (chat messages), `GET /v1/models` and `/health`.
+With `dev_mode=True`, VLLM_SERVER_DEV_MODE's `/pause`, `/resume`, `/reset_prefix_cache` and `/weight_checker`.
 
 Tokens are bytes, so ids are checkable by hand: `tokenize(text) == list(text.encode())`; a chat prompt is
 `tokenize(render_chat(messages))`; the logprob of token t is `logprob_of(t)` (exact in float32).
@@ -37,6 +38,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 MODEL = "fake-model"
+DEV_PATHS = ("/pause", "/resume", "/reset_prefix_cache", "/weight_checker")
 CREATED = 1767225600  # fixed so that responses are reproducible
 
 
@@ -115,6 +117,7 @@ class Fault:
     delay_s: float = 0.0  # wait before answering (client timeouts)
     disconnect_after_chunks: int | None = None  # drop the connection after this many SSE chunks (body parts)
     error_after_chunks: int | None = None  # after this many SSE chunks, vLLM's error event and [DONE]
+    chunk_delay_s: float = 0.0  # wait before each SSE chunk (a stream still generating)
 
 
 @dataclass
@@ -233,8 +236,19 @@ class FakeVLLM:
     Without replies every choice answers `"Fake reply {index}."`.
     """
 
-    def __init__(self, replies: Responder | Iterable[Reply | str] | None = None, *, model: str = MODEL):
+    def __init__(
+        self,
+        replies: Responder | Iterable[Reply | str] | None = None,
+        *,
+        model: str = MODEL,
+        dev_mode: bool = False,
+    ):
         self.model = model
+        # VLLM_SERVER_DEV_MODE=1's endpoints: /pause, /resume, /reset_prefix_cache, and /weight_checker,
+        # which answers `weights` (tensor name → sha256; a test moves the weights by replacing it).
+        self.dev_mode = dev_mode
+        self.weights: dict[str, str] = {"model.embed_tokens.weight": "0" * 64, "lm_head.weight": "1" * 64}
+        self.paused = False
         self.requests: list[RecordedRequest] = []
         self.health_checks = 0  # GET /health requests answered
         self.faults: collections.deque[Fault] = collections.deque()
@@ -310,15 +324,30 @@ class FakeVLLM:
 
     # HTTP
     def app(self) -> Starlette:
-        return Starlette(
-            routes=[
-                Route("/health", self._health),
-                Route("/v1/models", self._models),
-                Route("/v1/chat/completions", self._chat, methods=["POST"]),
-                Route("/v1/completions", self._completions, methods=["POST"]),
-                Route("/tokenize", self._tokenize, methods=["POST"]),
-            ]
-        )
+        routes = [
+            Route("/health", self._health),
+            Route("/v1/models", self._models),
+            Route("/v1/chat/completions", self._chat, methods=["POST"]),
+            Route("/v1/completions", self._completions, methods=["POST"]),
+            Route("/tokenize", self._tokenize, methods=["POST"]),
+        ]
+        if self.dev_mode:
+            routes += [Route(path, self._dev, methods=["POST"]) for path in DEV_PATHS]
+        return Starlette(routes=routes)
+
+    async def _dev(self, request: Request) -> Response:
+        """vLLM's dev-mode endpoints, as far as the gateway uses them."""
+        path = request.url.path
+        body = json.loads(await request.body() or b"{}")
+        self.requests.append(RecordedRequest(path, dict(request.headers), body | dict(request.query_params)))
+        if path == "/weight_checker":
+            if body.get("action") != "checksum":
+                return JSONResponse(error_body(400, "fake vLLM: only action 'checksum'"), status_code=400)
+            return JSONResponse({"checksums": dict(self.weights)})
+        if path in ("/pause", "/resume"):
+            self.paused = path == "/pause"
+            return JSONResponse({"status": "paused" if self.paused else "resumed"})
+        return Response(status_code=200)  # /reset_prefix_cache
 
     async def _health(self, request: Request) -> Response:
         self.health_checks += 1
@@ -364,11 +393,13 @@ class FakeVLLM:
         """Stream the chunks (SSE) or send the single body, dropping the connection if a fault says so."""
         cut = fault.disconnect_after_chunks if fault else None
         failing = fault.error_after_chunks if fault else None
-        if cut is None and not body.get("stream"):
+        if cut is None and not body.get("stream") and not (fault and fault.chunk_delay_s):
             return Response(chunks[0], media_type="application/json")
 
         async def stream() -> AsyncIterator[str]:
             for number, chunk in enumerate(chunks):
+                if fault and fault.chunk_delay_s:
+                    await asyncio.sleep(fault.chunk_delay_s)
                 if number == cut:
                     raise InjectedDisconnect(f"fake vLLM: disconnect after {cut} chunks")
                 if number == failing:  # as vLLM streams an engine error: an error event, then [DONE]

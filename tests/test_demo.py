@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from test_ui_pages import run_checking_the_view
 
 from otel_rl.demo import QUICK, WORKDIR
 from otel_rl.query import query
@@ -18,10 +19,9 @@ REPOSITORY = Path(__file__).resolve().parents[1]
 @pytest.fixture(scope="module")
 def quick_demo() -> tuple[Path, subprocess.CompletedProcess]:
     """The quick demo exactly as a user types it: from the repository root, every default (its own vLLM, its
-    working folder `.otel_rl/demo` relative to where it runs)."""
-    done = subprocess.run(
-        [str(OTEL_RL), "demo", "--quick"], cwd=REPOSITORY, capture_output=True, text=True, timeout=900
-    )
+    working folder `.otel_rl/demo` relative to where it runs). It ends serving the web view: its pages are
+    checked in headless Chromium against that live server (test_ui_pages.py), then Ctrl-C stops it cleanly."""
+    done = run_checking_the_view([str(OTEL_RL), "demo", "--quick"], cwd=REPOSITORY, timeout_s=900)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     return REPOSITORY / WORKDIR, done
 

@@ -75,7 +75,7 @@ def test_reload_in_the_middle_of_traffic_switches_every_call_cleanly(
         timings = json.loads(reload_span["attributes"])
         assert timings["otel_rl.reload.total_ms"] >= timings["otel_rl.reload.reload_ms"] > 0
         metrics = httpx.get(f"{gateway.base_url}/metrics", headers=gateway.admin, timeout=10).text
-        assert 'otel_rl_gateway_reloads_total{outcome="ok"} 2' in metrics
+        assert 'otel_rl_gateway_reloads_total{outcome="ok"} 2.0' in metrics
         assert 'otel_rl_gateway_last_reload_phase_seconds{phase="total"}' in metrics
 
 

@@ -15,6 +15,7 @@ from otel_rl.query import sql_list
 from otel_rl.train.config import ConfigError, TrainConfig, config_from_dict
 from otel_rl.train.groups import final_attempts_only, oldest_versions, reusable_groups
 from otel_rl.train.online import run_online
+from otel_rl.train.records import StepRecord
 from otel_rl.train.server_client import OnlineTrainingError, ServerClient
 from otel_rl.train.tasks import read_tasks, task_for_group
 
@@ -129,6 +130,29 @@ def calc_tasks(path: Path, n: int, split: str) -> Path:
     return write_tasks(path, sample_tasks(train if split == "train" else heldout, n, split, seed=0))
 
 
+def assert_trained_only_on_the_version_before(gateway: ServerProcess, steps: list[StepRecord]) -> None:
+    """max_staleness 0: every call of the groups a step trained on was sampled by the policy right before it.
+    (Also asserted of the verl backend, in test_online_verl.py.)"""
+    for step in steps:
+        versions = gateway.sql(
+            "SELECT DISTINCT c.policy_version FROM llm_calls c "
+            "JOIN rollouts r USING (rollout_id, attempt_id) "  # the final attempts, the ones trained on
+            f"WHERE c.group_id IN {sql_list(step.group_ids)}"
+        ).column(0)
+        assert versions.to_pylist() == [step.policy_version - 1]
+
+
+def recorded_versions(gateway: ServerProcess, run_id: str) -> list[tuple[str, int]]:
+    """The run's step and eval spans in the store, in order: (span name, policy version)."""
+    recorded = gateway.sql(
+        f"SELECT name, attributes ->> '{attr.POLICY_VERSION}' AS version FROM spans "
+        f"WHERE scope_name = '{attr.TRAIN_SCOPE}' "
+        f"AND attributes ->> '{attr.TRAIN_RUN_ID}' = '{run_id}' "
+        "ORDER BY start_time_unix_nano"
+    ).to_pylist()
+    return [(r["name"], int(r["version"])) for r in recorded]
+
+
 def test_two_online_steps_advance_the_policy_and_use_no_stale_sample(gateway, tiny_model_dir, tmp_path):
     def config(steps: int, **eval_settings) -> TrainConfig:
         return config_from_dict(
@@ -162,24 +186,10 @@ def test_two_online_steps_advance_the_policy_and_use_no_stale_sample(gateway, ti
     assert all(s.samples > 0 and s.trainer["mismatch"] < 1e-3 for s in steps)
     assert [e.policy_version for e in first.evals] == [start_version + 1, start_version + 2]
 
-    # Every call of the groups a step trained on was sampled by the policy right before it (max_staleness 0),
-    # so calls of both versions are in the store.
-    for step in steps:
-        versions = gateway.sql(
-            "SELECT DISTINCT c.policy_version FROM llm_calls c "
-            "JOIN rollouts r USING (rollout_id, attempt_id) "  # the final attempts, the ones trained on
-            f"WHERE c.group_id IN {sql_list(step.group_ids)}"
-        ).column(0)
-        assert versions.to_pylist() == [step.policy_version - 1]
-
-    recorded = gateway.sql(
-        f"SELECT name, attributes ->> '{attr.POLICY_VERSION}' AS version FROM spans "
-        f"WHERE scope_name = '{attr.TRAIN_SCOPE}' "
-        f"AND attributes ->> '{attr.TRAIN_RUN_ID}' = '{first.run_id}' "
-        "ORDER BY start_time_unix_nano"
-    ).to_pylist()
+    # Calls of both versions are in the store.
+    assert_trained_only_on_the_version_before(gateway, steps)
     v = start_version
-    assert [(r["name"], int(r["version"])) for r in recorded] == [
+    assert recorded_versions(gateway, first.run_id) == [
         (attr.TRAIN_EVAL_SPAN_NAME, v + 1),
         (attr.TRAIN_STEP_SPAN_NAME, v + 2),
         (attr.TRAIN_EVAL_SPAN_NAME, v + 2),

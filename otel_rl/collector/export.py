@@ -38,10 +38,12 @@ _REASONS_SHOWN = 5
 
 @dataclass(frozen=True)
 class PreparedExport:
-    """The rows to write for an export and the response to send once they are committed."""
+    """The rows to write for an export, the response to send once they are committed, and the records
+    refused (how many for each reason)."""
 
     batch: Batch
     response: ExportResponse
+    refused: Counter[str]
 
 
 def prepare_export(
@@ -62,7 +64,7 @@ def prepare_export(
         unshown = len(refused) - _REASONS_SHOWN
         more = f"; and {unshown} other reason(s)" if unshown > 0 else ""
         partial.error_message = f"{total} record(s) rejected: {reasons}{more}"
-    return PreparedExport(batch=batch, response=response)
+    return PreparedExport(batch=batch, response=response, refused=refused)
 
 
 def _flatten(store: Store, signal: Signal, request: ExportRequest) -> Batch:

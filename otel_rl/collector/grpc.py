@@ -1,6 +1,7 @@
 """OTLP/gRPC receiver: the Trace, Logs and Metrics services, with the OTLP/HTTP receiver's semantics."""
 
 import logging
+import time
 from collections.abc import Callable
 from concurrent import futures
 
@@ -11,6 +12,7 @@ from google.rpc.error_details_pb2 import RetryInfo
 from otel_rl.auth import Auth, Unauthorized
 from otel_rl.collector.decode import REQUEST_TYPES, DecodeError, Signal, parse_protobuf
 from otel_rl.collector.export import prepare_export
+from otel_rl.observability.ingest import IngestMetrics
 from otel_rl.store import Saturated, Store
 from otel_rl.store.writer import StoreUnavailable
 
@@ -26,9 +28,10 @@ _SERVICES: dict[Signal, str] = {
 
 
 def start_grpc_server(
-    store: Store, auth: Auth, *, host: str, port: int, workers: int = 8
+    store: Store, auth: Auth, metrics: IngestMetrics, *, host: str, port: int, workers: int = 8
 ) -> tuple[grpc.Server, int]:
-    """Start the OTLP/gRPC services on host:port (0 picks a free port); returns the server and its port."""
+    """Start the OTLP/gRPC services on host:port (0 picks a free port), each export counted in `metrics`;
+    returns the server and its port."""
     server = grpc.server(
         futures.ThreadPoolExecutor(max_workers=workers, thread_name_prefix="otel-rl-grpc"),
         options=[
@@ -38,7 +41,7 @@ def start_grpc_server(
     )
     for signal, service in _SERVICES.items():
         handler = grpc.unary_unary_rpc_method_handler(
-            _export_handler(store, auth, signal),
+            _export_handler(store, auth, metrics, signal),
             # Raw bytes in: parsed here, a bad message gets INVALID_ARGUMENT and a clear text.
             request_deserializer=None,
             response_serializer=lambda response: response.SerializeToString(),
@@ -51,15 +54,20 @@ def start_grpc_server(
     return server, bound
 
 
-def _export_handler(store: Store, auth: Auth, signal: Signal) -> Callable:
+def _export_handler(store: Store, auth: Auth, metrics: IngestMetrics, signal: Signal) -> Callable:
     request_type = REQUEST_TYPES[signal]
 
     def export(payload: bytes, context: grpc.ServicerContext):  # noqa: ANN202 - the signal's response type
+        started = time.perf_counter()
         try:
-            principal = auth.authenticate(dict(context.invocation_metadata()).get("authorization"))
-            request = parse_protobuf(request_type, payload)
-            prepared = prepare_export(store, signal, request, principal)
-            store.submit(prepared.batch).result()
+            try:
+                principal = auth.authenticate(dict(context.invocation_metadata()).get("authorization"))
+                request = parse_protobuf(request_type, payload)
+                prepared = prepare_export(store, signal, request, principal)
+                store.submit(prepared.batch).result()
+            except Exception as exc:
+                metrics.refused(signal, "grpc", exc, body_bytes=len(payload))
+                raise
         except Unauthorized as exc:
             context.abort(grpc.StatusCode.UNAUTHENTICATED, str(exc))
         except DecodeError as exc:
@@ -73,6 +81,9 @@ def _export_handler(store: Store, auth: Auth, signal: Signal) -> Callable:
             context.abort(
                 grpc.StatusCode.INTERNAL, f"the export could not be stored: {type(exc).__name__}: {exc}"
             )
+        metrics.stored(
+            signal, "grpc", prepared, body_bytes=len(payload), seconds=time.perf_counter() - started
+        )
         return prepared.response
 
     return export

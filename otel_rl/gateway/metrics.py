@@ -1,80 +1,148 @@
-"""The gateway's counters and the last reload's timings in the Prometheus text format (`GET /metrics`)."""
+"""The gateway's Prometheus metrics: calls, latency, tokens and reloads counted; pool and policy read."""
 
-from collections import Counter
+from collections.abc import Iterator
 
+from prometheus_client import Counter, Histogram
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from otel_rl.gateway.recording import OPERATION_APIS, CallRecord
 from otel_rl.gateway.reload import ReloadCoordinator, ReloadResult
 from otel_rl.gateway.servers import ServerPool
 
-PREFIX = "otel_rl_gateway"
 RELOAD_PHASES = ("drain", "pause", "reload", "verify", "resume", "total")
+# A model call takes from milliseconds (a cached prompt on a small model) to minutes (a long agent turn).
+CALL_BUCKETS_S = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)
+RELOAD_BUCKETS_S = (0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
 
 
-class GatewayMetrics:
-    """Counts calls by operation and outcome and reloads by outcome; renders them with the live gauges."""
+class GatewayMetrics(Collector):
+    """What the gateway counts as calls and reloads end (a collector: the server registers it)."""
 
     def __init__(self) -> None:
-        self.calls: Counter[tuple[str, str]] = Counter()  # (operation, "ok" | error.type)
-        self.reloads: Counter[str] = Counter()  # "ok" | "partial" | "failed"
-        self.reload_seconds_sum = 0.0
+        # Not registered on their own: `collect` yields them, so one registry holds every server's metrics.
+        self.calls = Counter(
+            "otel_rl_gateway_calls",
+            "Model calls by API and outcome (ok, or the call span's error.type).",
+            ["api", "outcome"],
+            registry=None,
+        )
+        self.call_seconds = Histogram(
+            "otel_rl_gateway_call_duration_seconds",
+            "Model call duration, from admission to the last byte relayed.",
+            ["api"],
+            buckets=CALL_BUCKETS_S,
+            registry=None,
+        )
+        self.first_chunk_seconds = Histogram(
+            "otel_rl_gateway_time_to_first_chunk_seconds",
+            "Streamed calls: time from admission to vLLM's first chunk.",
+            ["api"],
+            buckets=CALL_BUCKETS_S,
+            registry=None,
+        )
+        self.tokens = Counter(
+            "otel_rl_gateway_tokens",
+            "Tokens of model calls as vLLM counted them (kind: prompt, completion, cached_prompt).",
+            ["api", "kind"],
+            registry=None,
+        )
+        self.reloads = Counter(
+            "otel_rl_gateway_reloads",
+            "Weight reloads by outcome (ok, partial: some servers taken out, failed).",
+            ["outcome"],
+            registry=None,
+        )
+        self.reload_seconds = Histogram(
+            "otel_rl_gateway_reload_phase_duration_seconds",
+            "Duration of each reload phase (total: the time new calls were held).",
+            ["phase"],
+            buckets=RELOAD_BUCKETS_S,
+            registry=None,
+        )
+        self.reload_aborted = Counter(
+            "otel_rl_gateway_reload_aborted_calls", "Calls in flight that reloads aborted.", registry=None
+        )
+        for outcome in ("ok", "partial", "failed"):  # at 0 from the start: increase() counts the first reload
+            self.reloads.labels(outcome)
 
-    def count_call(self, operation: str, error_type: str | None) -> None:
-        self.calls[(operation, error_type or "ok")] += 1
+    def count_call(self, record: CallRecord) -> None:
+        api = record.api or OPERATION_APIS[record.operation]
+        self.calls.labels(api, record.error_type or "ok").inc()
+        self.call_seconds.labels(api).observe(max(0, record.end_ns - record.start_ns) / 1e9)
+        if record.time_to_first_chunk_s is not None:
+            self.first_chunk_seconds.labels(api).observe(record.time_to_first_chunk_s)
+        output = record.output
+        if output is not None:
+            for kind, count in (
+                ("prompt", output.input_tokens),
+                ("completion", output.output_tokens),
+                ("cached_prompt", output.cache_read_tokens),
+            ):
+                if count:
+                    self.tokens.labels(api, kind).inc(count)
 
     def count_reload(self, result: ReloadResult) -> None:
         outcome = "failed" if not result.ok else "partial" if result.failed else "ok"
-        self.reloads[outcome] += 1
-        self.reload_seconds_sum += result.total_ms / 1000
+        self.reloads.labels(outcome).inc()
+        for phase in RELOAD_PHASES:
+            self.reload_seconds.labels(phase).observe(getattr(result, f"{phase}_ms") / 1000)
+        self.reload_aborted.inc(result.aborted)
 
-    def render(self, coordinator: ReloadCoordinator, pool: ServerPool) -> str:
-        lines: list[str] = []
+    def collect(self) -> Iterator[Metric]:
+        for metric in (
+            self.calls,
+            self.call_seconds,
+            self.first_chunk_seconds,
+            self.tokens,
+            self.reloads,
+            self.reload_seconds,
+            self.reload_aborted,
+        ):
+            yield from metric.collect()
 
-        def metric(name: str, kind: str, help_text: str, samples: list[tuple[str, float]]) -> None:
-            lines.append(f"# HELP {PREFIX}_{name} {help_text}")
-            lines.append(f"# TYPE {PREFIX}_{name} {kind}")
-            lines.extend(f"{PREFIX}_{name}{labels} {value:g}" for labels, value in samples)
 
-        metric(
-            "calls_total",
-            "counter",
-            "Model calls by operation and outcome (ok or error.type).",
-            [
-                (f'{{operation="{op}",outcome="{outcome}"}}', n)
-                for (op, outcome), n in sorted(self.calls.items())
-            ],
+class GatewayState(Collector):
+    """The gateway's state, read at each scrape: calls in flight, policy version, servers, last reload."""
+
+    def __init__(self, coordinator: ReloadCoordinator, pool: ServerPool) -> None:
+        self.coordinator = coordinator
+        self.pool = pool
+
+    def collect(self) -> Iterator[Metric]:
+        yield GaugeMetricFamily(
+            "otel_rl_gateway_calls_in_flight", "Model calls in flight.", value=self.coordinator.in_flight
         )
-        metric("in_flight", "gauge", "Model calls in flight.", [("", coordinator.in_flight)])
-        metric("policy_version", "gauge", "Policy version served now.", [("", coordinator.policy.version)])
-        metric(
-            "server_available",
-            "gauge",
-            "1 if the inference server takes calls (healthy, not taken out).",
-            [(f'{{server="{server.url}"}}', float(server.available)) for server in pool.servers],
+        yield GaugeMetricFamily(
+            "otel_rl_gateway_policy_version",
+            "Policy version served now.",
+            value=self.coordinator.policy.version,
         )
-        metric(
-            "reloads_total",
-            "counter",
-            "Weight reloads by outcome (partial: some servers taken out).",
-            [(f'{{outcome="{outcome}"}}', n) for outcome, n in sorted(self.reloads.items())],
+        available = GaugeMetricFamily(
+            "otel_rl_gateway_server_available",
+            "1 if the inference server takes calls (answers its probe and was not taken out by a reload).",
+            labels=["server"],
         )
-        metric(
-            "reload_seconds",
-            "summary",
-            "Time the gateway was paused for reloads.",
-            [("_sum", self.reload_seconds_sum), ("_count", sum(self.reloads.values()))],
+        in_flight = GaugeMetricFamily(
+            "otel_rl_gateway_server_calls_in_flight", "Calls in flight on each server.", labels=["server"]
         )
-        last = coordinator.last_result
+        for server in self.pool.servers:
+            available.add_metric([server.url], float(server.available))
+            in_flight.add_metric([server.url], server.in_flight)
+        yield available
+        yield in_flight
+        last = self.coordinator.last_result
         if last is not None:
-            metric(
-                "last_reload_phase_seconds",
-                "gauge",
+            phases = GaugeMetricFamily(
+                "otel_rl_gateway_last_reload_phase_seconds",
                 "Duration of each phase of the last reload.",
-                [(f'{{phase="{phase}"}}', getattr(last, f"{phase}_ms") / 1000) for phase in RELOAD_PHASES],
+                labels=["phase"],
             )
-            metric(
-                "last_reload_in_flight_at_pause",
-                "gauge",
+            for phase in RELOAD_PHASES:
+                phases.add_metric([phase], getattr(last, f"{phase}_ms") / 1000)
+            yield phases
+            yield GaugeMetricFamily(
+                "otel_rl_gateway_last_reload_in_flight_at_pause",
                 "Calls in flight when the last reload paused the gateway.",
-                [("", last.in_flight_at_pause)],
+                value=last.in_flight_at_pause,
             )
-            metric("last_reload_aborted", "gauge", "Calls the last reload aborted.", [("", last.aborted)])
-        return "\n".join(lines) + "\n"

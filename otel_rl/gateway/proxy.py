@@ -301,7 +301,7 @@ class Gateway:
     def _finish(self, record: CallRecord, response: Response | None) -> Response | None:
         """Record the call once the client has its response (off the response's critical path)."""
         record.end_ns = time.time_ns()
-        self.metrics.count_call(record.operation, record.error_type)
+        self.metrics.count_call(record)
         if response is None:
             self.call_spans.write(record)
         else:

@@ -117,6 +117,7 @@ class ReloadCoordinator:
         self._drained = asyncio.Event()
         self._drained.set()
         self._lock = asyncio.Lock()
+        self._leased = False  # an external reload (external_reload.py) holds the gate between its requests
 
     # ------------------------------------------------------------------ the gate
 
@@ -142,6 +143,8 @@ class ReloadCoordinator:
         """Switch every server to new weights; one reload at a time."""
         if (checkpoint is None) == (lora_adapter is None):
             raise ReloadRejected("give exactly one of 'checkpoint' (a model folder) or 'lora_adapter'")
+        if self._leased:
+            raise ReloadRejected("an external weight update holds the gateway: commit or abort its lease")
         async with self._lock:
             if version <= self.policy.version:
                 raise ReloadRejected(f"version must increase: the current version is {self.policy.version}")
@@ -154,13 +157,40 @@ class ReloadCoordinator:
                 servers = [s for s in self.pool.servers if s.healthy or s.out_reason is not None]
                 result.servers = [ServerReload(s.url) for s in servers]
                 await self._reload_all(servers, result, checkpoint, lora_adapter)
-                self._switch(servers, result)
+                self.switch(servers, result)
             finally:
                 self._open.set()
                 result.total_ms = _ms_since(start)
             self.last_result = result
-            self._record(result, start_ns)
+            self.record(result, start_ns)
             return result
+
+    @property
+    def busy(self) -> bool:
+        """Whether a reload runs or an external reload's lease holds the gate."""
+        return self._lock.locked()
+
+    async def hold(self, result: ReloadResult) -> None:
+        """An external reload's pause: take the reload lock, hold new calls at the gate, drain the others.
+
+        The gate stays closed across requests until `release_hold`; the caller records its steps in `result`.
+        """
+        if self._lock.locked():
+            raise ReloadRejected("a weight reload is running: pause after it")
+        await self._lock.acquire()
+        self._leased = True
+        self._open.clear()
+        try:
+            await self._drain(result)
+        except BaseException:
+            self.release_hold()
+            raise
+
+    def release_hold(self) -> None:
+        """An external reload's end: open the gate and the reload lock."""
+        self._leased = False
+        self._open.set()
+        self._lock.release()
 
     async def _drain(self, result: ReloadResult) -> None:
         result.in_flight_at_pause = self.in_flight
@@ -190,7 +220,7 @@ class ReloadCoordinator:
         phases = await asyncio.gather(*(self._reload_one(s.url, o, checkpoint, lora) for s, o in outcomes))
         for phase in ("pause", "reload", "verify"):
             setattr(result, f"{phase}_ms", max((p.get(phase, 0.0) for p in phases), default=0.0))
-        _check_same_weights(result.servers)
+        check_same_weights(result.servers)
         # A server that failed stays paused on vLLM too: nobody can reach its stale weights.
         t = time.perf_counter()
         await asyncio.gather(*(self._guard(o, self._post(s.url, "/resume")) for s, o in outcomes))
@@ -266,7 +296,7 @@ class ReloadCoordinator:
             raise ValueError(f"the server lists adapter {served!r}, not {lora!r}")
         return None
 
-    def _switch(self, servers: list[InferenceServer], result: ReloadResult) -> None:
+    def switch(self, servers: list[InferenceServer], result: ReloadResult) -> None:
         """Take out the servers that failed; the others serve the new version from now on."""
         for server, outcome in zip(servers, result.servers, strict=True):
             if outcome.ok:
@@ -292,7 +322,8 @@ class ReloadCoordinator:
             raise ValueError(f"{path} answered HTTP {status}: {body[:300].decode(errors='replace')}")
         return body
 
-    def _record(self, result: ReloadResult, start_ns: int) -> None:
+    def record(self, result: ReloadResult, start_ns: int, **extra: Any) -> None:
+        """Store the reload as an `otel_rl.reload` span (`extra`: more attributes: an external outcome)."""
         attributes: dict[str, Any] = {
             POLICY_VERSION: result.version,
             "otel_rl.policy.previous_version": result.previous_version,
@@ -300,6 +331,7 @@ class ReloadCoordinator:
             "otel_rl.reload.failed_servers": [server.url for server in result.failed],
             "otel_rl.reload.in_flight_at_pause": result.in_flight_at_pause,
             "otel_rl.reload.aborted": result.aborted,
+            **extra,
         }
         for phase in ("drain", "pause", "reload", "verify", "resume", "total"):
             attributes[f"otel_rl.reload.{phase}_ms"] = getattr(result, f"{phase}_ms")
@@ -316,7 +348,7 @@ class ReloadCoordinator:
         span.end()
 
 
-def _check_same_weights(outcomes: list[ServerReload]) -> None:
+def check_same_weights(outcomes: list[ServerReload]) -> None:
     """Servers whose weights differ from the majority's fail verification: never serve two versions."""
     verified = [outcome for outcome in outcomes if outcome.ok and outcome.checksums is not None]
     if len(verified) < 2:

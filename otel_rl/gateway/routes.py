@@ -1,9 +1,9 @@
-"""HTTP routes of the gateway: OpenAI-compatible calls, rollout keys, policy reloads, metrics."""
+"""HTTP routes of the gateway: OpenAI-compatible calls, rollout keys, policy reloads."""
 
 from pathlib import Path
 
 from fastapi import APIRouter, Depends, Request
-from fastapi.responses import JSONResponse, PlainTextResponse, Response
+from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel
 from starlette.types import ASGIApp, Receive, Scope, Send
 
@@ -11,6 +11,7 @@ from otel_rl.attributes import ATTEMPT_ID, GROUP_ID, SPLIT, TASK_ID
 from otel_rl.auth import Forbidden, Unauthorized, admin_required
 from otel_rl.gateway import messages
 from otel_rl.gateway.errors import CallError, error_body, json_object
+from otel_rl.gateway.external_routes import external_router
 from otel_rl.gateway.protocols import Protocol, ProtocolError, Route, protocols
 from otel_rl.gateway.proxy import Gateway
 from otel_rl.gateway.reload import ReloadRejected
@@ -113,10 +114,10 @@ class ModelCallRoutes:
         await response(scope, receive, send)
 
 
-def gateway_router(gateway: Gateway, *, public_metrics: bool = False) -> APIRouter:
+def gateway_router(gateway: Gateway) -> APIRouter:
     """The gateway's other routes, to include in the `otel-rl serve` app (with ModelCallRoutes).
 
-    The admin routes (and /metrics unless `public_metrics`) check the admin token before their body.
+    The admin routes check the admin token before their body. (Its metrics are in the server's /metrics.)
     """
     router = APIRouter()
     admin = [Depends(admin_required(gateway.auth))]
@@ -186,12 +187,7 @@ def gateway_router(gateway: Gateway, *, public_metrics: bool = False) -> APIRout
         # Some servers taken out: still 200 (the new version is live), the failures are in the body.
         return JSONResponse(result.to_json(), 200 if result.ok else 502)
 
-    @router.get("/metrics", dependencies=[] if public_metrics else admin)
-    async def metrics() -> Response:
-        return PlainTextResponse(
-            gateway.metrics.render(gateway.coordinator, gateway.pool), media_type="text/plain; version=0.0.4"
-        )
-
+    router.include_router(external_router(gateway))  # servers and weight updates verl runs
     return router
 
 

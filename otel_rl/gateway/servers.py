@@ -99,6 +99,21 @@ class ServerPool:
         server.out_reason = reason
         log.error("inference server %s taken out: %s", server.url, reason)
 
+    def find(self, url: str) -> InferenceServer | None:
+        return next((server for server in self.servers if server.url == url), None)
+
+    def add(self, url: str) -> InferenceServer:
+        """A server registered at runtime (registration.py checks its weights first)."""
+        if self.find(url) is not None:
+            raise ValueError(f"the inference server {url} is already in the pool")
+        server = InferenceServer(url)
+        self.servers.append(server)
+        return server
+
+    def remove(self, server: InferenceServer) -> None:
+        """Route no more calls to it; calls in flight on it finish (they hold the server, not the pool)."""
+        self.servers.remove(server)
+
     @property
     def may_recover(self) -> bool:
         """Whether a server that is down now may come back without a reload (worth a call's wait)."""

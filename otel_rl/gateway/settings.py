@@ -13,8 +13,8 @@ SERVER_URL_FORMS = "http://HOST:PORT or http://HOST:PORT/v1 (https too)"
 ROOT_PATHS = ("", "/", "/v1", "/v1/")
 
 
-def server_root(url: str) -> str:
-    """A vLLM server's root URL (`http://host:port`) from the URL a user gives for it (`--vllm`).
+def server_root(url: str, *, given_as: str = "--vllm") -> str:
+    """A vLLM server's root URL (`http://host:port`) from the URL a user gives for it (`given_as`).
 
     The gateway appends `/v1/chat/completions` and `/health` to it, so any other path (`/v1/v1/...`) or
     part that would be dropped or misread is refused here rather than failing every call later.
@@ -22,7 +22,7 @@ def server_root(url: str) -> str:
     parts = urlsplit(url.strip())
     problem = _url_problem(url.strip(), parts)
     if problem is not None:
-        raise ValueError(f"--vllm {url!r}: {problem}; give the server's URL as {SERVER_URL_FORMS}")
+        raise ValueError(f"{given_as} {url!r}: {problem}; give the server's URL as {SERVER_URL_FORMS}")
     return f"{parts.scheme}://{parts.netloc}"
 
 

@@ -141,6 +141,11 @@ class Store:
         """Group commits so far (batches written divided by this is the mean group size)."""
         return self._writer.commits
 
+    @property
+    def writer(self) -> GroupCommitWriter:
+        """The group-commit writer: its queue and commit timings, for the server's /metrics."""
+        return self._writer
+
     def ingest_traces(self, request: ExportTraceServiceRequest) -> IngestResult:
         """Store an ExportTraceServiceRequest durably (blocks until committed, waits while saturated)."""
         return self._ingest(self.traces_batch(request), "spans")

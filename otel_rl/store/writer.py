@@ -98,6 +98,8 @@ class GroupCommitWriter:
         self._refuse_until = 0.0  # time.monotonic() until which submits are refused at once
         self._reopen_needed = False
         self.commits = 0  # transactions committed so far (each holds one or more batches)
+        # Called after each commit with (seconds it took, batches in it): the server's /metrics.
+        self.commit_observers: list[Callable[[float, int], None]] = []
         self._wake = threading.Condition()
         self._thread = threading.Thread(target=self._run, name="otel-rl-store-writer", daemon=True)
         self._thread.start()
@@ -120,6 +122,11 @@ class GroupCommitWriter:
             self._pending_bytes += nbytes
             self._wake.notify()
         return done
+
+    @property
+    def pending_bytes(self) -> int:
+        """Bytes of Arrow data queued and not yet being written."""
+        return self._pending_bytes
 
     @property
     def failure(self) -> str | None:
@@ -216,6 +223,7 @@ class GroupCommitWriter:
         if not parts:
             return
         con = self._con
+        started = time.perf_counter()
         con.execute("BEGIN TRANSACTION")
         try:
             for dedup in (True, False):
@@ -239,3 +247,6 @@ class GroupCommitWriter:
             with contextlib.suppress(duckdb.TransactionException):
                 con.execute("ROLLBACK")
             raise
+        seconds = time.perf_counter() - started
+        for observe in self.commit_observers:
+            observe(seconds, len(group))

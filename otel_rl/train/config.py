@@ -1,10 +1,12 @@
 """Training configuration: the typed settings of `otel-rl train`, read from YAML and validated up front."""
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from otel_rl.controller.backends import ControllerSection
 
 if TYPE_CHECKING:
     from otel_rl.transforms.rewards import RewardSpec
@@ -123,6 +125,10 @@ class TrainConfig(_Section):
     seed: int = 0
     device: Literal["cpu", "cuda"] = "cpu"
     torch_threads: int = Field(1, ge=1)
+    # Who runs the updates: otel-rl's own trainer (one device), or verl's engine (docs/verl.md)
+    backend: Literal["local", "verl"] = "local"
+    # backend verl: verl's own keys, merged over the config otel-rl composes from verl's ppo_trainer.yaml
+    verl: dict[str, Any] = {}
     server: ServerSettings = ServerSettings()
     optim: OptimSettings = OptimSettings()
     algorithm: AlgorithmSettings = AlgorithmSettings()
@@ -130,6 +136,8 @@ class TrainConfig(_Section):
     online: OnlineSettings = OnlineSettings()
     eval: EvalSettings = EvalSettings()
     offline: OfflineSettings = OfflineSettings()
+    # Where rollouts run: local processes, or Kubernetes Jobs (docs/controller.md)
+    controller: ControllerSection = ControllerSection()
 
     @model_validator(mode="after")
     def _known_policy_loss(self) -> "TrainConfig":
@@ -141,6 +149,17 @@ class TrainConfig(_Section):
             raise ValueError(f"algorithm.policy_loss: {e}") from None
         return self
 
+    @model_validator(mode="after")
+    def _valid_verl_section(self) -> "TrainConfig":
+        if self.backend != "verl":
+            if self.verl:
+                raise ValueError("verl: settings for verl's engine need `backend: verl`")
+            return self
+        from otel_rl.train.verl.config import check_overrides
+
+        check_overrides(self)  # its ValueError starts with the dotted key: "verl.trainer.nnodes: ..."
+        return self
+
     def require_online(self) -> None:
         """Raise ConfigError unless the online loop has what it needs."""
         if self.online.tasks is None or not self.online.harness:
@@ -150,6 +169,14 @@ class TrainConfig(_Section):
         _require_file(self.online.tasks, "online.tasks")
         if self.eval.tasks is not None:
             _require_file(self.eval.tasks, "eval.tasks")
+
+    def require_sft(self) -> None:
+        """Raise ConfigError unless the backend can fine-tune."""
+        if self.backend == "verl":
+            raise ConfigError(
+                "SFT needs `backend: local`: the verl backend runs RL updates only (verl's own SFT trainer "
+                "reads its own dataset files, not otel-rl's conversations; docs/verl.md)"
+            )
 
     def require_offline(self) -> None:
         """Raise ConfigError unless offline RL has its rollout filter."""

@@ -2,13 +2,24 @@
 
 from __future__ import annotations
 
+import asyncio
+import time
 from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING
 
 import polars as pl
 
 from otel_rl import attributes as attr
 from otel_rl.query import sql_list
 from otel_rl.store.window import StoreWindow
+from otel_rl.train.server_client import OnlineTrainingError
+
+if TYPE_CHECKING:
+    from otel_rl.controller import RolloutResult
+    from otel_rl.train.server_client import ServerClient
+
+STORE_WAIT_S = 120.0  # how long a finished rollout's spans may take to reach the store
+POLL_S = 0.2
 
 # Reads of a step's attempts start this long before the oldest of them: clocks of other hosts (Kubernetes
 # pods) may run a little behind the controller's. Earlier rows are only read, not used.
@@ -143,3 +154,27 @@ def read_groups(
     )
     calls, rewards = final_attempts_only(calls, rewards, attempts)
     return calls, rollouts, rewards
+
+
+async def await_in_store(client: ServerClient, results: Sequence[RolloutResult]) -> dict[str, int | None]:
+    """Wait until the store has the status span of every final attempt; the groups' oldest versions.
+
+    The controller exports an attempt's span after its harness exited, so by then the harness's own
+    spans and rewards (exported before it exits) and the gateway's call spans are in the store too.
+    """
+    finals = {r.attempts[-1].attempt_id: r.rollout.group_id for r in results}
+    if not finals:
+        return {}
+    since = min(r.attempts[-1].start_time_unix_nano for r in results) - WINDOW_SLACK_NS
+    deadline = time.monotonic() + STORE_WAIT_S
+    while True:
+        rows = await asyncio.to_thread(client.query, attempt_progress_sql(sorted(finals), since))
+        missing = set(finals) - set(rows.filter(pl.col("finished"))["attempt_id"])
+        if not missing:
+            return oldest_versions(rows, finals)
+        if time.monotonic() > deadline:
+            raise OnlineTrainingError(
+                f"{len(missing)} finished rollouts have no status in the store after "
+                f"{STORE_WAIT_S:.0f} s: does {client.url} receive the controller's spans?"
+            )
+        await asyncio.sleep(POLL_S)

@@ -11,8 +11,8 @@ import polars as pl
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+from otel_rl.train.backend import TrainerBackend, make_trainer
 from otel_rl.train.config import TrainConfig
-from otel_rl.train.trainer import Trainer
 
 METRICS_FILE = "metrics.jsonl"  # in output_dir: one JSON object per step
 
@@ -62,7 +62,11 @@ def group_batches(samples: pl.DataFrame, groups_per_step: int, seed: int) -> Ite
 
 
 def train_loop(
-    config: TrainConfig, trainer: Trainer, step: Callable[[], dict[str, float]], console: Console, label: str
+    config: TrainConfig,
+    trainer: TrainerBackend,
+    step: Callable[[], dict[str, float]],
+    console: Console,
+    label: str,
 ) -> Path:
     """Run `step` `config.steps` times with a progress bar; metrics to output_dir/metrics.jsonl; checkpoints
     to output_dir/step-N every `save_every` steps and after the last. Returns the last checkpoint."""
@@ -97,7 +101,6 @@ def offline_rl(config: TrainConfig, console: Console) -> Path:
     from otel_rl.transforms.export import to_dataproto
 
     config.require_offline()
-    trainer = Trainer(config)
     with console.status("reading samples from the store"):
         samples, _ = stored_samples(config, config.offline.where)
     console.print(f"{samples.height} samples from {samples['rollout_id'].n_unique()} rollouts")
@@ -106,10 +109,14 @@ def offline_rl(config: TrainConfig, console: Console) -> Path:
             "[yellow]some samples have no recorded logprobs: batches without importance correction[/]"
         )
     batches = group_batches(samples, config.algorithm.groups_per_step, config.seed)
-    pad_id = trainer.tokenizer.pad_token_id
-    return train_loop(
-        config, trainer, lambda: trainer.step(to_dataproto(next(batches), pad_id)), console, "offline RL"
-    )
+    trainer = make_trainer(config)
+    try:
+        pad_id = trainer.tokenizer.pad_token_id
+        return train_loop(
+            config, trainer, lambda: trainer.step(to_dataproto(next(batches), pad_id)), console, "offline RL"
+        )
+    finally:
+        trainer.close()
 
 
 def sft_from_traces(config: TrainConfig, console: Console) -> Path:
@@ -119,16 +126,21 @@ def sft_from_traces(config: TrainConfig, console: Console) -> Path:
     from otel_rl.train.sft import read_chats, sft_batches
     from otel_rl.transforms.export import sft_records
 
-    trainer = Trainer(config)
-    if config.offline.chats is not None:
-        chats = read_chats(config.offline.chats)
-    else:
-        where = config.offline.where or "true"
-        with console.status("reading conversations from the store"):
-            chats = sft_records(*stored_samples(config, where, trainer.tokenizer), config.offline.min_reward)
-        # The store returns rollouts in no set order (and their ids are random): sort, so that a seeded run
-        # draws the same batches from the same conversations.
-        chats.sort(key=lambda chat: json.dumps(chat, sort_keys=True))
-    console.print(f"{len(chats)} conversations for SFT")
-    batches = sft_batches(trainer.tokenizer, chats, config.offline.sft_batch_size, config.seed)
-    return train_loop(config, trainer, lambda: trainer.sft_step(*next(batches)), console, "SFT")
+    config.require_sft()
+    trainer = make_trainer(config)
+    try:
+        if config.offline.chats is not None:
+            chats = read_chats(config.offline.chats)
+        else:
+            where = config.offline.where or "true"
+            with console.status("reading conversations from the store"):
+                samples = stored_samples(config, where, trainer.tokenizer)
+                chats = sft_records(*samples, config.offline.min_reward)
+            # The store returns rollouts in no set order (and their ids are random): sort, so that a seeded
+            # run draws the same batches from the same conversations.
+            chats.sort(key=lambda chat: json.dumps(chat, sort_keys=True))
+        console.print(f"{len(chats)} conversations for SFT")
+        batches = sft_batches(trainer.tokenizer, chats, config.offline.sft_batch_size, config.seed)
+        return train_loop(config, trainer, lambda: trainer.sft_step(*next(batches)), console, "SFT")
+    finally:
+        trainer.close()

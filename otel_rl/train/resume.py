@@ -1,4 +1,5 @@
-"""Where an online run resumes: its run id and the state saved in its latest checkpoint."""
+"""Where an online run resumes: its run id, the state saved in its latest checkpoint, the policy the servers
+serve at the start, and the finished groups a previous run left untrained."""
 
 from __future__ import annotations
 
@@ -9,9 +10,15 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+import polars as pl
+
 from otel_rl.controller import new_id
+from otel_rl.train.groups import final_attempts_sql, reusable_groups
+from otel_rl.train.launcher import max_outstanding
 
 if TYPE_CHECKING:
+    from otel_rl.train.config import TrainConfig
+    from otel_rl.train.server_client import ServerClient
     from otel_rl.train.worker import TrainerProcess
 
 STATE_FILE = "online_state.json"  # in each step-N checkpoint: what a restart resumes from
@@ -62,6 +69,43 @@ def save_checkpoint(trainer: TrainerProcess, state: OnlineState, output_dir: Pat
     if final.exists():
         shutil.rmtree(final)
     os.replace(partial, final)
-    # Only the newest checkpoint is resumed from: older ones keep their weights, not the optimizer.
-    (output_dir / f"step-{state.step - 1}" / state_file).unlink(missing_ok=True)
+    # Only the newest checkpoint is resumed from: older ones keep their weights, not the optimizer (a file
+    # of the local backend's, a folder of verl's).
+    previous = output_dir / f"step-{state.step - 1}" / state_file
+    if previous.is_dir():
+        shutil.rmtree(previous)
+    previous.unlink(missing_ok=True)
     return final
+
+
+def publish_start(client: ServerClient, checkpoint: Path, state: OnlineState) -> None:
+    """Make every server serve this run's current weights (versions only increase on a gateway)."""
+    current = client.policy()
+    if current["checkpoint"] == str(Path(checkpoint).resolve()) and current["version"] == state.version:
+        return  # a restart of the loop against a server that already serves its weights
+    # Keep this run's numbering when the server restarted (its version went back to 0).
+    state.version = max(current["version"] + 1, state.version)
+    client.set_policy(checkpoint, state.version)
+
+
+def unused_groups(client: ServerClient, config: TrainConfig, run_id: str, state: OnlineState) -> list[str]:
+    """The groups of this run that finished but were never trained on, fresh enough to train on now, at most
+    as many as the staleness bound lets be in flight (more would only go stale again)."""
+    rows = client.query(
+        "SELECT group_id, status, ended_at, policy_version_min "
+        f"FROM rollouts WHERE split = 'train' AND starts_with(group_id, '{run_id}-')"
+    )
+    group_size = config.algorithm.group_size
+    found = reusable_groups(
+        rows,
+        consumed=set(state.consumed),
+        group_size=group_size,
+        oldest_version=state.version - config.algorithm.max_staleness,
+    )
+    if not found:
+        return []
+    # Finished means the controller's status span is in the store for every rollout, as during the run: the
+    # harnesses of a loop killed with SIGKILL may end on their own later, but no controller saw them do so.
+    finals = client.query(final_attempts_sql(found)).group_by("group_id").len()
+    finished = set(finals.filter(pl.col("len") == group_size)["group_id"])
+    return [group for group in found if group in finished][: max_outstanding(config)]

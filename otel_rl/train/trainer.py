@@ -13,11 +13,11 @@ import verl.utils.torch_functional as verl_F
 from transformers import AutoModelForCausalLM, AutoTokenizer
 from verl import DataProto
 from verl.trainer.ppo.core_algos import agg_loss, get_policy_loss_fn, kl_penalty
-from verl.trainer.ppo.rollout_corr_helper import compute_rollout_correction_weights
 from verl.utils.model import compute_position_id_with_mask
 from verl.workers.config.actor import ActorConfig
 
 from otel_rl.train.config import TrainConfig
+from otel_rl.train.correction import served_policy_correction
 
 # What every RL batch must carry (verl's names, as otel_rl.transforms.to_dataproto builds them).
 # Optional: position_ids, rollout_log_probs (the logprobs vLLM recorded), loss_weights (one per sample).
@@ -151,18 +151,8 @@ class Trainer:
         weights = mb["token_weights"]
         metrics: dict[str, float] = {}
         if "rollout_log_probs" in mb:
-            served = mb["rollout_log_probs"]
-            metrics["mismatch"] = verl_F.masked_mean((old - served).abs(), mask).item()
-            if algo.rollout_is is not None:
-                # Truncated IS weight pi_old / pi_served: corrects stale samples and train/serve drift.
-                is_weights, _ = compute_rollout_correction_weights(
-                    log_ratio=old - served,
-                    response_mask=mask,
-                    rollout_is=algo.rollout_is,
-                    rollout_is_threshold=algo.rollout_is_threshold,
-                )
-                weights = weights * is_weights
-                metrics["is_weight_mean"] = verl_F.masked_mean(is_weights, mask).item()
+            weights, corrected = served_policy_correction(old, mb["rollout_log_probs"], mask, weights, algo)
+            metrics.update(corrected)
 
         pg_loss, pg_metrics = self.policy_loss(
             old_log_prob=old,
@@ -241,6 +231,9 @@ class Trainer:
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
         self.steps_done = state["steps_done"]
+
+    def close(self) -> None:
+        """Nothing to release: the model and optimizer live in this process (the TrainerBackend protocol)."""
 
 
 def _row_slices(n: int, size: int) -> list[slice]:

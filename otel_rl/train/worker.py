@@ -1,4 +1,4 @@
-"""The trainer in a process of its own, for the online loop.
+"""The trainer in a process of its own, for the online loop: the backend `make_trainer` chooses.
 
 In one process the loop's threads (the event loop running harness processes, store polling, exporters, the
 progress bar) and the trainer's many short torch operations share one GIL, and each operation waits up to
@@ -11,9 +11,12 @@ from __future__ import annotations
 
 import logging
 import multiprocessing
+import pickle
 import signal
 from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
+from contextlib import suppress
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -22,11 +25,16 @@ if TYPE_CHECKING:
 
     from otel_rl.train.config import TrainConfig
 
-_trainer: Any = None  # the worker process's Trainer
+_trainer: Any = None  # the worker process's TrainerBackend
+
+
+class TrainerProcessError(RuntimeError):
+    """The trainer failed with an exception that cannot cross the process boundary (e.g. a Ray task's)."""
 
 
 class TrainerProcess:
-    """A Trainer in a child process, with the methods the online loop calls; each call is a round trip."""
+    """A TrainerBackend in a child process, with the methods the online loop calls; each call is a round
+    trip."""
 
     def __init__(self, config: TrainConfig) -> None:
         # spawn, not fork: a fork would copy the caller's locks without the threads that hold them
@@ -56,7 +64,12 @@ class TrainerProcess:
         self._call(_run, "load_state", directory)
 
     def close(self) -> None:
-        self._pool.shutdown(cancel_futures=True)
+        """Close the backend (verl's stops its Ray workers), then the process."""
+        try:
+            with suppress(BrokenProcessPool):  # the process died: nothing left to close in it
+                self._call(_close)
+        finally:
+            self._pool.shutdown(cancel_futures=True)
 
     def _call(self, function: Callable, *args: Any) -> Any:
         return self._pool.submit(function, *args).result()
@@ -70,15 +83,31 @@ def _ignore_interrupts() -> None:
 def _start(config: TrainConfig) -> int:
     from transformers.utils import logging as hf_logging
 
-    from otel_rl.train.trainer import Trainer
+    from otel_rl.train.backend import make_trainer
 
     hf_logging.disable_progress_bar()  # the loop's own progress bar says what is happening
     # Without a GPU verl warns on first use that it found no accelerator; the config names the device.
     logging.getLogger("verl.plugin.platform.platform_manager").setLevel(logging.ERROR)
     global _trainer
-    _trainer = Trainer(config)
+    _trainer = make_trainer(config)
     return _trainer.tokenizer.pad_token_id
 
 
 def _run(method: str, *args: Any) -> Any:
-    return getattr(_trainer, method)(*args)
+    try:
+        return getattr(_trainer, method)(*args)
+    except Exception as error:
+        try:
+            pickle.dumps(error)
+        except Exception:
+            # Ray's task errors are classes made at run time: the parent would get a PicklingError instead
+            # of the message, which carries the remote traceback.
+            raise TrainerProcessError(f"{type(error).__name__}: {error}") from None
+        raise
+
+
+def _close() -> None:
+    global _trainer
+    if _trainer is not None:  # None: make_trainer failed
+        _trainer.close()
+        _trainer = None

@@ -1,0 +1,90 @@
+"""Where rollouts run: the one place that turns a config's `controller` section into a rollout runner.
+
+`local` runs each attempt as a harness process on this machine (local.py); `kubernetes` runs it as a Job
+on a cluster (kubernetes/). Both take the same ControllerSettings (command, limits, retries) and the same
+connection to the otel-rl server, and hand back the same RolloutResult.
+"""
+
+from typing import Literal, Protocol
+
+from pydantic import BaseModel, ConfigDict, model_validator
+
+from otel_rl.controller.kubernetes.settings import KubernetesSettings
+from otel_rl.controller.local import Controller, ControllerSettings, KeyIssuer, Rollout, RolloutResult
+
+
+class ControllerSection(BaseModel):
+    """The `controller` section of a training config: which backend runs the rollouts."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    backend: Literal["local", "kubernetes"] = "local"
+    kubernetes: KubernetesSettings | None = None  # required by, and only allowed with, backend kubernetes
+
+    @model_validator(mode="after")
+    def _settings_match_backend(self) -> "ControllerSection":
+        if self.backend == "kubernetes" and self.kubernetes is None:
+            raise ValueError(
+                "backend kubernetes needs a `controller.kubernetes` section (template, namespace)"
+            )
+        if self.backend == "local" and self.kubernetes is not None:
+            raise ValueError("`controller.kubernetes` is set but backend is local: set backend: kubernetes")
+        return self
+
+
+class RolloutRunner(Protocol):
+    """What the online loop and `otel-rl rollouts run` need from a controller."""
+
+    async def run_rollout(self, rollout: Rollout) -> RolloutResult: ...
+
+    async def in_flight(self) -> list[Rollout]:
+        """Rollouts a previous controller of the same run left running, for `run_rollout` to take back."""
+        ...
+
+    async def aclose(self) -> None: ...
+
+
+class LocalRunner:
+    """The local Controller behind the RolloutRunner protocol."""
+
+    def __init__(self, controller: Controller) -> None:
+        self.controller = controller
+
+    async def run_rollout(self, rollout: Rollout) -> RolloutResult:
+        return await self.controller.run_rollout(rollout)
+
+    async def in_flight(self) -> list[Rollout]:
+        # A harness process is its controller's child: a new controller can neither watch nor wait for it.
+        return []
+
+    async def aclose(self) -> None:
+        await self.controller.stop_forkserver()
+        self.controller.close()  # exports the spans still queued, then stops the exporter
+
+
+def open_controller(
+    section: ControllerSection,
+    settings: ControllerSettings,
+    *,
+    otlp_endpoint: str,
+    openai_base_url: str,
+    token: str,
+    issue_key: KeyIssuer,
+    run_id: str = "",
+) -> RolloutRunner:
+    """A rollout runner for the configured backend; close it with `await runner.aclose()`.
+
+    `run_id` labels the Kubernetes Jobs of one training run (the local backend has no use for it).
+    """
+    connection = {
+        "otlp_endpoint": otlp_endpoint,
+        "openai_base_url": openai_base_url,
+        "token": token,
+        "issue_key": issue_key,
+    }
+    if section.backend == "kubernetes":
+        from otel_rl.controller.kubernetes.controller import KubernetesController
+
+        assert section.kubernetes is not None  # the section's validator guarantees it
+        return KubernetesController(settings, section.kubernetes, run_id=run_id, **connection)
+    return LocalRunner(Controller(settings, **connection))

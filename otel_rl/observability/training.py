@@ -1,0 +1,169 @@
+"""Training metrics for Prometheus, from the step and evaluation spans an online run sends to the server.
+
+The trainer records each step and evaluation as a span (otel_rl.train.records.RunRecorder); the collector
+hands each stored batch of spans here. One gateway serves one policy, so one run trains against a server at
+a time: the metrics carry no run id (each run would be a new series forever).
+"""
+
+from collections.abc import Iterator
+
+import orjson
+import pyarrow as pa
+import pyarrow.compute as pc
+from prometheus_client import Counter, Gauge
+from prometheus_client.core import Metric
+from prometheus_client.registry import Collector
+
+from otel_rl import attributes as attr
+
+STEP_PHASES = ("collect", "transform", "train", "save", "reload")  # a step's wall time, in order
+# Eval names come from the run's config (eval.harnesses): a handful. More would be a mistake, not a need.
+MAX_EVAL_NAMES = 16
+OTHER_EVAL = "other"
+
+
+class TrainingMetrics(Collector):
+    """The last step's and evaluation's values as gauges, and totals over the steps received."""
+
+    def __init__(self) -> None:
+        self.step = Gauge("otel_rl_train_step", "Number of the last step received.", registry=None)
+        self.policy_version = Gauge(
+            "otel_rl_train_policy_version", "Policy version the last step produced.", registry=None
+        )
+        self.last_step_time = Gauge(
+            "otel_rl_train_last_step_timestamp_seconds",
+            "When the last step record reached the server (Unix time).",
+            registry=None,
+        )
+        self.steps = Counter("otel_rl_train_steps", "Step records received.", registry=None)
+        self.reward = Gauge(
+            "otel_rl_train_reward_mean",
+            "Mean reward of the last step's rollouts (split train) or of the last evaluation (split val).",
+            ["split", "eval"],
+            registry=None,
+        )
+        self.success = Gauge(
+            "otel_rl_train_success_ratio",
+            "Share of rollouts with reward >= 1, as for otel_rl_train_reward_mean.",
+            ["split", "eval"],
+            registry=None,
+        )
+        self.mismatch = Gauge(
+            "otel_rl_train_mismatch",
+            "Mean |trainer logprob - vLLM's recorded logprob| over the last step's sampled tokens.",
+            registry=None,
+        )
+        self.loss = Gauge("otel_rl_train_loss", "The last step's objective.", registry=None)
+        self.phase_seconds = Gauge(
+            "otel_rl_train_step_phase_seconds",
+            "Time of each phase of the last step (collect, transform, train, save, reload).",
+            ["phase"],
+            registry=None,
+        )
+        self.wall_seconds = Gauge(
+            "otel_rl_train_step_wall_seconds", "Wall time of the last step.", registry=None
+        )
+        self.paused_seconds = Counter(
+            "otel_rl_train_harness_paused_seconds",
+            "Time harness calls were held by the steps' reloads.",
+            registry=None,
+        )
+        self.stale_groups = Counter(
+            "otel_rl_train_stale_groups",
+            "Groups dropped as older than max_staleness (samples too stale to train on).",
+            registry=None,
+        )
+        self.samples = Counter("otel_rl_train_samples", "Samples the steps trained on.", registry=None)
+        self.sampled_tokens = Counter(
+            "otel_rl_train_sampled_tokens", "Policy-sampled tokens the steps trained on.", registry=None
+        )
+        self._evals: set[str] = set()
+        self._set_once: set[int] = set()  # ids of the gauges set: the others are not exported (not 0)
+
+    def observe_spans(self, spans: pa.Table) -> None:
+        """Take the training records among a stored batch of spans (cheap when, as usual, there are none)."""
+        if not spans.num_rows:
+            return
+        mine = spans.filter(pc.equal(spans.column("scope_name"), attr.TRAIN_SCOPE))
+        for name, attributes, received in zip(
+            mine.column("name").to_pylist(),
+            mine.column("attributes").to_pylist(),
+            mine.column("received_at").to_pylist(),
+            strict=True,
+        ):
+            values = orjson.loads(attributes or "{}")
+            if name == attr.TRAIN_STEP_SPAN_NAME:
+                self._step(values, received.timestamp())
+            elif name == attr.TRAIN_EVAL_SPAN_NAME:
+                self._eval(values)
+
+    def _step(self, values: dict, received_s: float) -> None:
+        def number(key: str) -> float | None:
+            return _number(values.get(attr.TRAIN_PREFIX + key))
+
+        self.steps.inc()
+        self._set(self.last_step_time, received_s)
+        for gauge, key in (
+            (self.step, "step"),
+            (self.wall_seconds, "wall_s"),
+            (self.loss, "trainer.loss"),
+            (self.mismatch, "trainer.mismatch"),
+        ):
+            self._set(gauge, number(key))
+        self._set(self.policy_version, _number(values.get(attr.POLICY_VERSION)))
+        self._set(self.reward.labels("train", ""), number("reward_mean"))
+        self._set(self.success.labels("train", ""), number("success_rate"))
+        for phase in STEP_PHASES:
+            self._set(self.phase_seconds.labels(phase), number(f"{phase}_s"))
+        for counter, key in (
+            (self.paused_seconds, "paused_s"),
+            (self.stale_groups, "stale_groups"),
+            (self.samples, "samples"),
+            (self.sampled_tokens, "sampled_tokens"),
+        ):
+            value = number(key)
+            if value is not None and value >= 0:
+                counter.inc(value)
+
+    def _eval(self, values: dict) -> None:
+        name = str(values.get(attr.TRAIN_PREFIX + "name", "eval"))
+        if name not in self._evals:
+            if len(self._evals) >= MAX_EVAL_NAMES:
+                name = OTHER_EVAL
+            else:
+                self._evals.add(name)
+        self._set(self.reward.labels("val", name), _number(values.get(attr.TRAIN_PREFIX + "reward_mean")))
+        self._set(self.success.labels("val", name), _number(values.get(attr.TRAIN_PREFIX + "success_rate")))
+
+    def _set(self, gauge: Gauge, value: float | None) -> None:
+        if value is not None:
+            gauge.set(value)
+            self._set_once.add(id(gauge))
+
+    def collect(self) -> Iterator[Metric]:
+        gauges = (
+            self.step,
+            self.policy_version,
+            self.last_step_time,
+            self.mismatch,
+            self.loss,
+            self.wall_seconds,
+        )
+        for gauge in gauges:
+            if id(gauge) in self._set_once:  # a gauge never set has no value: 0 would be a lie
+                yield from gauge.collect()
+        for metric in (
+            self.reward,  # labelled: only the label values set are exported
+            self.success,
+            self.phase_seconds,
+            self.steps,
+            self.paused_seconds,
+            self.stale_groups,
+            self.samples,
+            self.sampled_tokens,
+        ):
+            yield from metric.collect()
+
+
+def _number(value: object) -> float | None:
+    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None

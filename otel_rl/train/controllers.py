@@ -1,0 +1,48 @@
+"""The online loop's rollout controllers, opened through the configured controller backend (`controller`)."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+from otel_rl.controller import ControllerSettings
+from otel_rl.controller.backends import RolloutRunner, open_controller
+from otel_rl.train.config import TrainConfig
+from otel_rl.train.server_client import ServerClient
+
+
+def train_settings(config: TrainConfig) -> ControllerSettings:
+    """How the training rollouts run: `online`'s harness, limits and retries; logs in output_dir/rollouts."""
+    online = config.online
+    return ControllerSettings(
+        command=online.harness,
+        concurrency=online.concurrency,
+        timeout_s=online.timeout_s,
+        max_attempts=online.max_attempts,
+        log_dir=config.output_dir / "rollouts",
+        env=online.env,
+        preload=online.preload,
+        nice=online.nice,
+    )
+
+
+def eval_settings(config: TrainConfig, command: str | list[str], log_dir: Path) -> ControllerSettings:
+    """An eval command's rollouts: the training rollouts' limits, with eval.env over online.env."""
+    return replace(
+        train_settings(config), command=command, env={**config.online.env, **config.eval.env}, log_dir=log_dir
+    )
+
+
+def open_runner(
+    config: TrainConfig, client: ServerClient, settings: ControllerSettings, run_id: str
+) -> RolloutRunner:
+    """A controller whose harnesses export to, and call the model through, the server `client` talks to."""
+    return open_controller(
+        config.controller,
+        settings,
+        otlp_endpoint=client.url,
+        openai_base_url=f"{client.url}/v1",
+        token=client.token,
+        issue_key=client.issue_rollout_key,
+        run_id=run_id,
+    )

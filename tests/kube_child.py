@@ -1,0 +1,74 @@
+"""The Kubernetes controller as the tests build it, and in its own process for the test that kills it.
+
+As a script (argv: the stand-in's URL, a JSON file of rollouts, the otel-rl server's URL, its token, the
+log folder) it runs the rollouts to their end, unless it is killed first.
+"""
+
+import asyncio
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from kubernetes.aio import client
+
+from otel_rl.controller import ControllerSettings, Rollout
+from otel_rl.controller.kubernetes.api import KubernetesApi
+from otel_rl.controller.kubernetes.controller import KubernetesController
+from otel_rl.controller.kubernetes.settings import KubernetesSettings
+from otel_rl.train.server_client import ServerClient
+
+TEMPLATE = Path(__file__).parent / "kube_job.yaml"
+RUN_ID = "run-k8s-test"
+POD_SERVER_URL = "http://otel-rl.otel-rl.svc:4318"  # what pods are told; the controller exports spans itself
+
+
+def controller_for(
+    api_url: str, server_url: str, token: str, log_dir: Path, **settings: Any
+) -> KubernetesController:
+    kube = KubernetesSettings(
+        template=TEMPLATE,
+        namespace="default",
+        server_url=POD_SERVER_URL,
+        relist_s=settings.pop("relist_s", 30),
+        pending_timeout_s=settings.pop("pending_timeout_s", 0.5),
+        jobs_per_second=settings.pop("jobs_per_second", 200),
+        burst=20,
+    )
+    rollouts = ControllerSettings(
+        command=["python", "-m", "harness", "{task}"],
+        timeout_s=settings.pop("timeout_s", 3),
+        max_attempts=2,
+        log_dir=log_dir,
+        env={"HARNESS_LEVEL": "debug"},
+        **settings,
+    )
+    api = KubernetesApi(client.ApiClient(client.Configuration(host=api_url)), "default")
+    issuer = ServerClient(server_url, token)
+    return KubernetesController(
+        rollouts,
+        kube,
+        otlp_endpoint=server_url,
+        openai_base_url=f"{server_url}/v1",
+        token=token,
+        issue_key=issuer.issue_rollout_key,
+        run_id=RUN_ID,
+        api=api,
+    )
+
+
+def rollout_from_json(data: dict[str, Any]) -> Rollout:
+    return Rollout(data["rollout_id"], data["group_id"], data["task_id"], data["task"])
+
+
+async def main(api_url: str, rollouts: Path, server_url: str, token: str, log_dir: Path) -> None:
+    controller = controller_for(api_url, server_url, token, log_dir)
+    try:
+        listed = json.loads(rollouts.read_text())
+        await asyncio.gather(*(controller.run_rollout(rollout_from_json(r)) for r in listed))
+    finally:
+        await controller.aclose()
+
+
+if __name__ == "__main__":
+    asyncio.run(main(sys.argv[1], Path(sys.argv[2]), sys.argv[3], sys.argv[4], Path(sys.argv[5])))
