@@ -86,6 +86,8 @@ def _start(config: TrainConfig) -> int:
     from otel_rl.train.backend import make_trainer
 
     hf_logging.disable_progress_bar()  # the loop's own progress bar says what is happening
+    import verl.plugin.platform.platform_manager  # noqa: F401  (it sets its logger's level when imported)
+
     # Without a GPU verl warns on first use that it found no accelerator; the config names the device.
     logging.getLogger("verl.plugin.platform.platform_manager").setLevel(logging.ERROR)
     global _trainer
