@@ -6,6 +6,7 @@ log folder) it runs the rollouts to their end, unless it is killed first.
 
 import asyncio
 import json
+import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -21,6 +22,17 @@ from otel_rl.train.server_client import ServerClient
 TEMPLATE = Path(__file__).parent / "kube_job.yaml"
 RUN_ID = "run-k8s-test"
 POD_SERVER_URL = "http://otel-rl.otel-rl.svc:4318"  # what pods are told; the controller exports spans itself
+
+
+def spawn_controller(api_url: str, server: Any, work: Path, rollouts: list[Rollout]) -> subprocess.Popen:
+    """This file as a controller process running `rollouts` (for the tests that kill it mid-run)."""
+    listed = [
+        {"rollout_id": r.rollout_id, "group_id": r.group_id, "task_id": r.task_id, "task": r.task}
+        for r in rollouts
+    ]
+    (work / "rollouts.json").write_text(json.dumps(listed))
+    script = [sys.executable, __file__, api_url, str(work / "rollouts.json"), server.http_url, server.token]
+    return subprocess.Popen([*script, str(work / "logs")])
 
 
 def controller_for(

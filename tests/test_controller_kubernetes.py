@@ -7,14 +7,12 @@ controller's spans in the store). Every object the controller sends is checked a
 import asyncio
 import json
 import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 from kube_api import Fault, KubeApiStandIn
-from kube_child import POD_SERVER_URL, RUN_ID, TEMPLATE, controller_for
+from kube_child import POD_SERVER_URL, RUN_ID, TEMPLATE, controller_for, spawn_controller
 
 from otel_rl import attributes as attr
 from otel_rl.controller import Rollout, RolloutResult, RolloutStatus, new_id
@@ -209,23 +207,8 @@ def test_dropped_watches_and_410_gone_relist(otel_rl_server, tmp_path):
 
 def test_a_killed_controller_is_adopted_without_duplicates(otel_rl_server, tmp_path):
     rollouts = [rollout("slow") for _ in range(4)] + [rollout("bad-image.slow"), rollout("ok")]
-    listed = [
-        {"rollout_id": r.rollout_id, "group_id": r.group_id, "task_id": r.task_id, "task": r.task}
-        for r in rollouts
-    ]
-    (tmp_path / "rollouts.json").write_text(json.dumps(listed))
     with KubeApiStandIn() as stand:
-        child = subprocess.Popen(
-            [
-                sys.executable,
-                str(Path(__file__).parent / "kube_child.py"),
-                stand.url,
-                str(tmp_path / "rollouts.json"),
-                otel_rl_server.http_url,
-                otel_rl_server.token,
-                str(tmp_path / "logs"),
-            ],
-        )
+        child = spawn_controller(stand.url, otel_rl_server, tmp_path, rollouts)
         try:
             deadline = time.monotonic() + 30
             # Killed while the slow ones run and the bad image's first attempt is stuck or being retried.

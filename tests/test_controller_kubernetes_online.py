@@ -9,14 +9,12 @@ as the online loop's launcher does: one status span per attempt, no attempt's Jo
 import asyncio
 import json
 import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 from kube_api import Fault, KubeApiStandIn
-from kube_child import RUN_ID, controller_for
+from kube_child import RUN_ID, controller_for, spawn_controller
 
 from otel_rl.controller import Rollout, RolloutStatus, new_id
 from otel_rl.controller.kubernetes import names
@@ -35,22 +33,7 @@ def rollout(behaviour: str, group_id: str | None = None) -> Rollout:
 
 def leave_jobs_behind(stand: KubeApiStandIn, server, tmp_path: Path, rollouts: list[Rollout], running: int):
     """Run `rollouts` in a controller process killed once `running` pods run."""
-    listed = [
-        {"rollout_id": r.rollout_id, "group_id": r.group_id, "task_id": r.task_id, "task": r.task}
-        for r in rollouts
-    ]
-    (tmp_path / "rollouts.json").write_text(json.dumps(listed))
-    child = subprocess.Popen(
-        [
-            sys.executable,
-            str(Path(__file__).parent / "kube_child.py"),
-            stand.url,
-            str(tmp_path / "rollouts.json"),
-            server.http_url,
-            server.token,
-            str(tmp_path / "logs"),
-        ],
-    )
+    child = spawn_controller(stand.url, server, tmp_path, rollouts)
     try:
         deadline = time.monotonic() + 30
         while len([p for p in stand.call(stand.of_kind, "Pod") if p["status"].get("phase") == "Running"]) < (
