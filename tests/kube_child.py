@@ -6,8 +6,10 @@ log folder) it runs the rollouts to their end, unless it is killed first.
 
 import asyncio
 import json
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -24,15 +26,25 @@ RUN_ID = "run-k8s-test"
 POD_SERVER_URL = "http://otel-rl.otel-rl.svc:4318"  # what pods are told; the controller exports spans itself
 
 
-def spawn_controller(api_url: str, server: Any, work: Path, rollouts: list[Rollout]) -> subprocess.Popen:
-    """This file as a controller process running `rollouts` (for the tests that kill it mid-run)."""
+def leave_jobs_behind(stand: Any, server: Any, work: Path, rollouts: list[Rollout], running: int) -> None:
+    """Run `rollouts` in a controller process (this file) SIGKILLed once `running` pods run on `stand`."""
     listed = [
         {"rollout_id": r.rollout_id, "group_id": r.group_id, "task_id": r.task_id, "task": r.task}
         for r in rollouts
     ]
     (work / "rollouts.json").write_text(json.dumps(listed))
-    script = [sys.executable, __file__, api_url, str(work / "rollouts.json"), server.http_url, server.token]
-    return subprocess.Popen([*script, str(work / "logs")])
+    script = [sys.executable, __file__, stand.url, str(work / "rollouts.json"), server.http_url, server.token]
+    child = subprocess.Popen([*script, str(work / "logs")])
+    try:
+        deadline = time.monotonic() + 30
+        while sum(p["status"].get("phase") == "Running" for p in stand.call(stand.of_kind, "Pod")) < running:
+            assert time.monotonic() < deadline and child.poll() is None, (
+                "the child never got its pods running"
+            )
+            time.sleep(0.05)
+    finally:
+        child.send_signal(signal.SIGKILL)
+        child.wait()
 
 
 def controller_for(

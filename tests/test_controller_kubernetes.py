@@ -6,13 +6,12 @@ controller's spans in the store). Every object the controller sends is checked a
 
 import asyncio
 import json
-import signal
 import time
 from pathlib import Path
 
 import pytest
 from kube_api import Fault, KubeApiStandIn
-from kube_child import POD_SERVER_URL, RUN_ID, TEMPLATE, controller_for, spawn_controller
+from kube_child import POD_SERVER_URL, RUN_ID, TEMPLATE, controller_for, leave_jobs_behind
 
 from otel_rl import attributes as attr
 from otel_rl.controller import Rollout, RolloutResult, RolloutStatus, new_id
@@ -208,21 +207,8 @@ def test_dropped_watches_and_410_gone_relist(otel_rl_server, tmp_path):
 def test_a_killed_controller_is_adopted_without_duplicates(otel_rl_server, tmp_path):
     rollouts = [rollout("slow") for _ in range(4)] + [rollout("bad-image.slow"), rollout("ok")]
     with KubeApiStandIn() as stand:
-        child = spawn_controller(stand.url, otel_rl_server, tmp_path, rollouts)
-        try:
-            deadline = time.monotonic() + 30
-            # Killed while the slow ones run and the bad image's first attempt is stuck or being retried.
-            while (
-                len([p for p in stand.call(stand.of_kind, "Pod") if p["status"].get("phase") == "Running"])
-                < 4
-            ):
-                assert time.monotonic() < deadline and child.poll() is None, (
-                    "the child never got its pods running"
-                )
-                time.sleep(0.05)
-        finally:
-            child.send_signal(signal.SIGKILL)
-            child.wait()
+        # Killed while the slow ones run and the bad image's first attempt is stuck or being retried.
+        leave_jobs_behind(stand, otel_rl_server, tmp_path, rollouts, running=4)
         before = dict(stand.creates)
         assert any(kind == "Job" for kind, _ in before)
         results, _ = run_all(stand, otel_rl_server, tmp_path, rollouts)

@@ -8,13 +8,11 @@ as the online loop's launcher does: one status span per attempt, no attempt's Jo
 
 import asyncio
 import json
-import signal
 import time
-from pathlib import Path
 
 import pytest
 from kube_api import Fault, KubeApiStandIn
-from kube_child import RUN_ID, controller_for, spawn_controller
+from kube_child import RUN_ID, controller_for, leave_jobs_behind
 
 from otel_rl.controller import Rollout, RolloutStatus, new_id
 from otel_rl.controller.kubernetes import names
@@ -29,23 +27,6 @@ from otel_rl.train.tasks import Task
 def rollout(behaviour: str, group_id: str | None = None) -> Rollout:
     task = {"behaviour": behaviour, "question": "1+1?"}
     return Rollout(new_id(), group_id or f"{RUN_ID}-{new_id()}", f"task-{behaviour}", task)
-
-
-def leave_jobs_behind(stand: KubeApiStandIn, server, tmp_path: Path, rollouts: list[Rollout], running: int):
-    """Run `rollouts` in a controller process killed once `running` pods run."""
-    child = spawn_controller(stand.url, server, tmp_path, rollouts)
-    try:
-        deadline = time.monotonic() + 30
-        while len([p for p in stand.call(stand.of_kind, "Pod") if p["status"].get("phase") == "Running"]) < (
-            running
-        ):
-            assert time.monotonic() < deadline and child.poll() is None, (
-                "the child never got its pods running"
-            )
-            time.sleep(0.05)
-    finally:
-        child.send_signal(signal.SIGKILL)
-        child.wait()
 
 
 def jobs_ever(stand: KubeApiStandIn) -> set[str]:
