@@ -27,6 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from otel_rl_server import ServerProcess  # noqa: E402 - the tests' real-server helper
 
 from otel_rl.collector.flatten import traces_to_tables  # noqa: E402
+from otel_rl.collector.ingest import traces_batch
 from otel_rl.store import Store  # noqa: E402
 
 FIXTURES = Path(__file__).resolve().parents[1] / "tests" / "captures" / "otel"
@@ -136,7 +137,7 @@ def pipeline_rate(
                 if body is None:
                     return
                 with decoding:
-                    batch = store.traces_batch(ExportTraceServiceRequest.FromString(body))
+                    batch = traces_batch(ExportTraceServiceRequest.FromString(body))
                 store.submit(batch).result()
 
         threads = [threading.Thread(target=producer) for _ in range(producers)]

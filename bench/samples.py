@@ -28,15 +28,16 @@ import polars as pl
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
 from opentelemetry.proto.trace.v1.trace_pb2 import Span, Status
+from otel_rl.store.window import StoreWindow
 from rich.console import Console
 from rich.progress import track
 from rich.table import Table
 
 from otel_rl import attributes as names
+from otel_rl.collector.ingest import ingest_logs, ingest_traces
 from otel_rl.collector.rewards import RewardIn, reward_log_request
 from otel_rl.query import sql_list
 from otel_rl.store import Store
-from otel_rl.store.window import StoreWindow
 from otel_rl.train.groups import WINDOW_SLACK_NS
 from otel_rl.transforms.export import pad, to_dataproto
 from otel_rl.transforms.merge import flat_lists
@@ -154,10 +155,10 @@ def fill_store(
     """Ingest through the collector path (flatten + durable write), 32 rollouts per request, plus rewards."""
     rng = np.random.default_rng(1)
     for start in track(range(0, len(rollouts), 32), description="ingesting", transient=True):
-        store.ingest_traces(traces_request(rollouts[start : start + 32], with_ids=with_ids, t0=t0))
+        ingest_traces(store, traces_request(rollouts[start : start + 32], with_ids=with_ids, t0=t0))
     for rollout_id, _, _ in rollouts:
         reward = RewardIn(rollout_id=rollout_id, value=float(rng.integers(0, 2)), source="grader")
-        store.ingest_logs(reward_log_request(reward, now_ns=t0 + 10**10))
+        ingest_logs(store, reward_log_request(reward, now_ns=t0 + 10**10))
 
 
 def copy_rows(series: pl.Series, width: int, fill: float, *, left: bool, dtype: type) -> np.ndarray:

@@ -11,6 +11,8 @@ from otel_rl.collector.decode import REQUEST_TYPES, ExportRequest, Signal, parse
 FIXTURES = Path(__file__).parent / "captures" / "otel"
 # One folder per agent framework scenario, made by tests/captures/make_captures.py (its README.md lists them).
 FRAMEWORK_CAPTURES = Path(__file__).parent / "captures" / "frameworks"
+# One folder per coding CLI's rollout through the gateway, made by tests/captures/make_cli_captures.py.
+CLI_CAPTURES = Path(__file__).parent / "captures" / "cli"
 
 
 @dataclass(frozen=True)

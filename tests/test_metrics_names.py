@@ -13,6 +13,7 @@ from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from otel_rl import attributes as attr
+from otel_rl.collector.ingest import traces_batch
 from otel_rl.gateway.outputs import CallOutput
 from otel_rl.gateway.recording import CallRecord
 from otel_rl.gateway.reload import ReloadResult, ServerReload
@@ -41,7 +42,7 @@ def training_spans(store, records: list[tuple[str, StepRecord | EvalRecord]]):
         attributes |= {f"{attr.TRAIN_PREFIX}{k}": v for k, v in values.items() if k != "policy_version"}
         attributes |= {f"{attr.TRAIN_PREFIX}trainer.{k}": v for k, v in trainer.items()}
         tracer.start_span(name, attributes=attributes).end()
-    return store.traces_batch(encode_spans(exporter.get_finished_spans()))["spans"]
+    return traces_batch(encode_spans(exporter.get_finished_spans()))["spans"]
 
 
 def step(number: int) -> StepRecord:

@@ -11,6 +11,7 @@ from test_collector_http import PROTOBUF, post, spans_request
 from typer.testing import CliRunner
 
 from otel_rl.cli import app
+from otel_rl.collector.ingest import ingest_traces
 from otel_rl.query import QueryError, query
 from otel_rl.store import Store
 
@@ -21,7 +22,7 @@ def closed_db(tmp_path_factory) -> tuple:
     db = tmp_path_factory.mktemp("query") / "otel_rl.duckdb"
     request, trace_id = spans_request(3)
     with Store(db) as store:
-        store.ingest_traces(request)
+        ingest_traces(store, request)
     return db, trace_id
 
 

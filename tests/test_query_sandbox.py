@@ -13,6 +13,7 @@ from otel_rl_server import OTEL_RL, ServerProcess
 from test_collector_http import PROTOBUF, post, spans_request
 
 from otel_rl.auth import Auth
+from otel_rl.collector.ingest import ingest_traces
 from otel_rl.query import QueryError, query
 from otel_rl.store import Store
 
@@ -66,7 +67,7 @@ def sandboxed(tmp_path_factory) -> ServerProcess:
     (workdir / "secret.json").write_text('{"secret": 1}\n')
     with Store(workdir / "otel_rl.duckdb") as store:
         Auth(store, "admin").issue_rollout_key("rollout-1")
-        store.ingest_traces(spans_request(5)[0])
+        ingest_traces(store, spans_request(5)[0])
     flags = (
         "--query-timeout",
         str(QUERY_TIMEOUT_S),
@@ -130,7 +131,7 @@ def test_hidden_writes_and_outside_reads_are_refused_on_a_file_without_a_server(
     db = tmp_path / "otel_rl.duckdb"
     (tmp_path / "secret.txt").write_text("host secret\n")
     with Store(db) as store:
-        store.ingest_traces(spans_request(3)[0])
+        ingest_traces(store, spans_request(3)[0])
 
     for sql in HIDDEN.values():
         with pytest.raises(QueryError, match="query refused|query failed|only read|exactly one|parsed"):

@@ -7,6 +7,7 @@ import polars as pl
 import pytest
 from otel_fixtures import captured_requests
 
+from otel_rl.collector.ingest import ingest_logs, ingest_traces
 from otel_rl.store import Store
 from otel_rl.transforms.merge import merge_segments
 from otel_rl.transforms.tokens import call_tokens, measure_drift
@@ -29,7 +30,7 @@ def fixture_calls(tmp_path_factory: pytest.TempPathFactory) -> pl.DataFrame:
     with Store(tmp_path_factory.mktemp("fixtures") / "store.duckdb") as store:
         for request in captured_requests():
             if request.signal == "traces":
-                store.ingest_traces(request.decoded)
+                ingest_traces(store, request.decoded)
                 trace_files += [
                     (span.trace_id.hex(), request.name, span.span_id.hex(), _output_value(span))
                     for resource in request.decoded.resource_spans
@@ -37,7 +38,7 @@ def fixture_calls(tmp_path_factory: pytest.TempPathFactory) -> pl.DataFrame:
                     for span in scope.spans
                 ]
             elif request.signal == "logs":
-                store.ingest_logs(request.decoded)
+                ingest_logs(store, request.decoded)
         calls = pl.from_arrow(store.query_arrow("SELECT * FROM llm_calls"))
     files = pl.DataFrame(trace_files, schema=["trace_id", "fixture", "span_id", "output_value"], orient="row")
     return (

@@ -15,6 +15,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 from test_collector_http import spans_request
 
 from otel_rl.auth import Auth, Unauthorized, admin_token
+from otel_rl.collector.ingest import ingest_logs, ingest_traces, traces_batch
 from otel_rl.store import ReadOnlyViolation, Saturated, Store
 from otel_rl.store.writer import GroupCommitWriter
 
@@ -36,14 +37,18 @@ def held_writer(tmp_path):
     con.execute("CREATE TABLE t (x INTEGER NOT NULL)")
     entered, release = threading.Event(), threading.Event()
 
-    def insert(cursor: duckdb.DuckDBPyConnection, tables: dict[str, pa.Table], *, dedup: bool) -> None:
+    def insert(
+        cursor: duckdb.DuckDBPyConnection, tables: dict[str, pa.Table], *, dedup: bool, commit_seq: int
+    ) -> None:
         entered.set()
         release.wait(10)
         for table, batch in tables.items():
             cursor.register("batch", batch)
             cursor.execute(f"INSERT INTO {table} SELECT * FROM batch")
 
-    writer = GroupCommitWriter(con.cursor(), insert, max_pending_bytes=1000, reopen=con.cursor)
+    writer = GroupCommitWriter(
+        con.cursor(), insert, max_pending_bytes=1000, reopen=con.cursor, last_commit_seq=0, on_commit=print
+    )
     yield writer, con, entered, release
     release.set()
     writer.close()
@@ -114,11 +119,11 @@ def test_logs_sent_twice_are_stored_once_and_numbered_in_arrival_order(tmp_path)
     for i in range(3):
         records.add(observed_time_unix_nano=i + 1).body.string_value = f"record {i}"
     with Store(tmp_path / "logs.duckdb") as store:
-        store.ingest_logs(request)
-        store.ingest_logs(request)
+        ingest_logs(store, request)
+        ingest_logs(store, request)
     with Store(tmp_path / "logs.duckdb") as reopened:
         records.add(observed_time_unix_nano=9).body.string_value = "record 3"
-        reopened.ingest_logs(request)
+        ingest_logs(reopened, request)
         stored = reopened.query_arrow("SELECT seq, body FROM logs ORDER BY seq").to_pylist()
 
     assert [row["body"] for row in stored] == ['"record 0"', '"record 1"', '"record 2"', '"record 3"']
@@ -140,10 +145,10 @@ def calls_request(*span_ids: int) -> ExportTraceServiceRequest:
 def test_a_call_sent_again_stores_its_tokens_once_and_a_new_call_beside_it_stores_its_own(tmp_path) -> None:
     request = calls_request
     with Store(tmp_path / "tokens.duckdb") as store:
-        store.ingest_traces(request(3))
-        store.ingest_traces(request(3))
+        ingest_traces(store, request(3))
+        ingest_traces(store, request(3))
     with Store(tmp_path / "tokens.duckdb") as reopened:
-        reopened.ingest_traces(request(3, 5))
+        ingest_traces(reopened, request(3, 5))
         stored = reopened.query_arrow(
             "SELECT span_id, prompt_token_ids FROM call_tokens ORDER BY span_id"
         ).to_pylist()
@@ -157,9 +162,9 @@ def test_a_call_sent_again_stores_its_tokens_once_and_a_new_call_beside_it_store
 def test_fresh_rows_and_exports_waiting_together_are_both_stored_the_exports_deduplicated(tmp_path) -> None:
     request = calls_request
     with Store(tmp_path / "mixed.duckdb") as store:
-        store.ingest_traces(request(1))
+        ingest_traces(store, request(1))
         # an export sent again, the gateway's fresh rows (ids drawn by it), a new export: submitted together
-        exported, fresh, new = (store.traces_batch(request(*ids)) for ids in ((1,), (2, 3), (4,)))
+        exported, fresh, new = (traces_batch(request(*ids)) for ids in ((1,), (2, 3), (4,)))
         futures = [store.submit(exported), store.submit(fresh, dedup=False), store.submit(new)]
         for future in futures:
             future.result(10)
@@ -184,7 +189,7 @@ def test_fresh_rows_and_exports_waiting_together_are_both_stored_the_exports_ded
 )
 def test_queries_that_are_not_one_read_are_refused_and_change_nothing(store, sql, message) -> None:
     request, _ = spans_request(2)
-    store.ingest_traces(request)
+    ingest_traces(store, request)
 
     with pytest.raises(ReadOnlyViolation, match=re.escape(message)):
         store.query_arrow(sql)
@@ -205,7 +210,7 @@ def test_views_come_from_the_transforms_folder_in_name_order_and_a_broken_one_do
 
     with Store(tmp_path / "views.duckdb", transforms_dir=transforms) as store:
         request, _ = spans_request(1)
-        store.ingest_traces(request)
+        ingest_traces(store, request)
 
         assert store.views["10_names.sql"] is None and store.views["20_upper.sql"] is None
         assert "nope" in store.views["30_broken.sql"]
@@ -244,7 +249,7 @@ def test_rollout_keys_authenticate_as_their_rollout_and_unknown_tokens_do_not(st
 def test_concurrent_ingest_from_many_threads_stores_everything(store) -> None:
     requests = [spans_request(30) for _ in range(40)]
     with ThreadPoolExecutor(8) as pool:
-        results = list(pool.map(lambda r: store.ingest_traces(r[0]), requests))
+        results = list(pool.map(lambda r: ingest_traces(store, r[0]), requests))
 
     assert [r.accepted for r in results] == [30] * 40
     assert store.query_arrow("SELECT count(*) AS n FROM spans").to_pylist() == [{"n": 1200}]

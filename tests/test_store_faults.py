@@ -21,6 +21,7 @@ from opentelemetry.sdk.trace.export import SpanExportResult
 from otel_rl_server import ServerProcess
 from test_collector_grpc import TRACE_EXPORT
 
+from otel_rl.collector.ingest import traces_batch
 from otel_rl.store import store as store_module
 from otel_rl.store.store import Store
 from otel_rl.store.writer import StoreUnavailable
@@ -224,7 +225,7 @@ def test_a_checkpoint_failing_on_a_full_disk_reopens_the_invalidated_store_and_l
         body, trace_id = spans_request()
         request = ExportTraceServiceRequest.FromString(body)
         try:
-            store.submit(store.traces_batch(request)).result()
+            store.submit(traces_batch(request)).result()
         except StoreUnavailable:
             return False
         acked.append(trace_id)

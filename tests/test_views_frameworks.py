@@ -6,7 +6,7 @@ import json
 
 import httpx
 import pytest
-from otel_fixtures import FRAMEWORK_CAPTURES, Scenario, framework_captures, requests_under
+from otel_fixtures import CLI_CAPTURES, Scenario, framework_captures, requests_under
 
 # Every framework × instrumentation the views must recognize (issue 14): a capture missing from the
 # repository fails here rather than shrinking the parametrized tests below.
@@ -186,7 +186,6 @@ def test_agent_steps_have_the_agents_the_framework_ran(runs: Runs, name: str) ->
 
 # ---------------------------------------------------------------- the coding CLIs' native telemetry
 
-CLI_CAPTURES = FRAMEWORK_CAPTURES.parent / "cli"
 CLIS = {"claude-code", "codex", "opencode", "qwen-code"}
 # CLIs whose call spans carry the messages (Codex's and Claude Code's carry usage and finish reasons only).
 CLI_CONTENT = {"opencode", "qwen-code"}

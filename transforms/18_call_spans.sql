@@ -114,24 +114,6 @@ WHERE event_name IN (
     'gen_ai.choice', 'gen_ai.client.inference.operation.details'
 );
 
--- Content events with no call span to join to, counted rather than dropped: records sent without a span
--- context (Traceloop's streaming gen_ai.choice is emitted after its span ended) and records whose span is
--- not (yet) stored. Time-based guessing is deliberately not attempted.
-CREATE OR REPLACE VIEW unjoined_events AS
-SELECT
-    e.content_key,
-    e.seq,
-    e.event_name,
-    e.trace_id,
-    e.span_id,
-    CASE WHEN e.span_id IS NULL THEN 'no_span_context' ELSE 'call_span_not_stored' END AS reason,
-    ns_time(coalesce(nullif(e.time_unix_nano, 0), e.observed_time_unix_nano)) AS time,
-    e.body,
-    e.resource_attributes ->> 'service.name' AS service_name,
-    e.scope_name
-FROM genai_content_events e
-ANTI JOIN llm_call_spans s ON s.trace_id = e.trace_id AND s.span_id = e.span_id;
-
 -- The content events of each call, in record order: legacy input messages by seq, legacy choices by index,
 -- and the latest operation-details record's attributes. The counts decide the dialect without building
 -- the lists, so that queries not reading messages skip that work.

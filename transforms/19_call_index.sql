@@ -148,9 +148,3 @@ FROM calls c
 LEFT JOIN superseded s USING (trace_id, span_id)
 LEFT JOIN duplicates d USING (trace_id, span_id)
 LEFT JOIN superseded ks ON ks.trace_id = d.counted_as.trace_id AND ks.span_id = d.counted_as.span_id;
-
--- Each call span that is not a row of llm_calls, and the row that counts it (its gateway call or duplicate).
-CREATE OR REPLACE VIEW llm_call_superseded AS
-SELECT trace_id, span_id, gateway_call
-FROM llm_call_index
-WHERE gateway_call IS NOT NULL;

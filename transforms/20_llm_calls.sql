@@ -1,4 +1,4 @@
--- llm_calls: one row per model call, whatever the dialect it arrived in (docs/views.md); gateway_call_tokens.
+-- llm_calls: one row per model call, whatever the dialect it arrived in (docs/views.md).
 
 -- Every model call row, including the call spans another row counts (superseded_by_*: see llm_call_index).
 CREATE OR REPLACE VIEW llm_call_rows AS
@@ -302,36 +302,27 @@ SELECT * EXCLUDE (superseded_by_trace_id, superseded_by_span_id)
 FROM llm_call_rows
 WHERE superseded_by_span_id IS NULL;
 
--- The llm_calls columns that turn gateway calls into training samples, read without normalizing any content:
--- one row per gateway row of llm_calls, with the same values (tests/test_samples_export.py checks it), at a
--- fraction of the cost. Finish reasons come from gen_ai.response.finish_reasons, which the gateway writes
--- (one per choice, "" for none) with its output messages. The samples pipeline reads other dialects from
--- llm_calls.
-CREATE OR REPLACE VIEW gateway_call_tokens AS
+-- Each call span that is not a row of llm_calls, and the row that counts it (its gateway call or duplicate).
+CREATE OR REPLACE VIEW llm_call_superseded AS
+SELECT trace_id, span_id, {'trace_id': superseded_by_trace_id, 'span_id': superseded_by_span_id} AS gateway_call
+FROM llm_call_rows
+WHERE superseded_by_span_id IS NOT NULL;
+
+-- Content events with no call span to join to, counted rather than dropped: records sent without a span
+-- context (Traceloop's streaming gen_ai.choice is emitted after its span ended) and records whose span is
+-- not (yet) stored. Time-based guessing is deliberately not attempted.
+CREATE OR REPLACE VIEW unjoined_events AS
 SELECT
-    s.trace_id,
-    s.span_id,
-    s.rollout_id,
-    s.attempt_id,
-    s.group_id,
-    s.task_id,
-    s.split,
-    s.start_time_unix_nano,
-    s.is_error,
-    CASE WHEN list_bool_or([r IS NOT NULL FOR r IN s.finish_reasons]) THEN s.finish_reasons END
-        AS finish_reasons,
-    t.prompt_token_ids,
-    CASE WHEN list_bool_or([c IS NOT NULL FOR c IN t.choice_token_ids]) THEN t.choice_token_ids END
-        AS completion_token_ids,
-    CASE WHEN list_bool_or([l IS NOT NULL FOR l IN t.choice_logprobs]) THEN t.choice_logprobs END
-        AS completion_logprobs,
-    s.policy_version
-FROM (
-    SELECT
-        *,
-        [finish_reason(r) FOR r IN json_extract_string(json_doc(a."gen_ai.response.finish_reasons"), '$[*]')]
-            AS finish_reasons
-    FROM llm_call_identity  -- gateway rows are never superseded
-    WHERE span_dialect = 'gateway'
-) s
-LEFT JOIN call_tokens t USING (trace_id, span_id);
+    e.content_key,
+    e.seq,
+    e.event_name,
+    e.trace_id,
+    e.span_id,
+    CASE WHEN e.span_id IS NULL THEN 'no_span_context' ELSE 'call_span_not_stored' END AS reason,
+    ns_time(coalesce(nullif(e.time_unix_nano, 0), e.observed_time_unix_nano)) AS time,
+    e.body,
+    e.resource_attributes ->> 'service.name' AS service_name,
+    e.scope_name
+FROM genai_content_events e
+-- llm_call_rows has every call span (those another row counts too), read from its columns
+ANTI JOIN llm_call_rows s ON s.trace_id = e.trace_id AND s.span_id = e.span_id;

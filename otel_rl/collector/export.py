@@ -21,6 +21,7 @@ from otel_rl.attributes import (
 )
 from otel_rl.auth import Principal
 from otel_rl.collector.decode import RESPONSE_TYPES, DecodeError, ExportRequest, ExportResponse, Signal
+from otel_rl.collector.ingest import logs_batch, metrics_batch, traces_batch
 from otel_rl.store import Store
 from otel_rl.store.writer import Batch
 
@@ -69,10 +70,10 @@ def prepare_export(
 
 def _flatten(store: Store, signal: Signal, request: ExportRequest) -> Batch:
     if signal == "traces":
-        return store.traces_batch(request)
+        return traces_batch(request)
     if signal == "logs":
-        return store.logs_batch(request)
-    return store.metrics_batch(request)
+        return logs_batch(store, request)
+    return metrics_batch(request)
 
 
 def refuse_records(signal: Signal, request: ExportRequest, principal: Principal) -> Counter[str]:

@@ -16,7 +16,10 @@ from opentelemetry.proto.resource.v1.resource_pb2 import Resource
 
 from otel_rl.collector.limits import MAX_VALUE_DEPTH, check_indexed_key
 from otel_rl.collector.packed import PackedTokens, call_tokens_table, take_packed
-from otel_rl.collector.schemas import JSON, LOGS_SCHEMA, SPANS_SCHEMA, received_at_array
+from otel_rl.store.layout import LOGS, SPANS, rows_table
+
+SpanRow = SPANS.row
+LogRow = LOGS.row
 
 # orjson writes compact UTF-8 JSON ~4x faster than the json module; NaN and Infinity become null.
 _dumps = orjson.dumps
@@ -195,7 +198,7 @@ def _id_lengths(trace_id: bytes, span_id: bytes, parent_span_id: bytes = b"") ->
 
 def traces_to_tables(req: ExportTraceServiceRequest, received_at: datetime) -> dict[str, pa.Table]:
     """ExportTraceServiceRequest -> {"spans": ..., "call_tokens": ...} Arrow tables."""
-    rows: list[tuple] = []
+    rows: list[SpanRow] = []
     packed: list[PackedTokens] = []
     for rs in req.resource_spans:
         resource = rs.resource
@@ -227,53 +230,38 @@ def traces_to_tables(req: ExportTraceServiceRequest, received_at: datetime) -> d
                     end = start
                 status = span.status
                 rows.append(
-                    (
-                        tid,
-                        sid,
-                        span.parent_span_id.hex() or None,
-                        span.trace_state or None,
-                        span.flags,
-                        span.name,
-                        span.kind,
-                        start,
-                        end,
-                        attrs_json,
-                        content_json,
-                        span.dropped_attributes_count,
-                        events_json,
-                        span.dropped_events_count,
-                        links_json,
-                        span.dropped_links_count,
-                        status.code,
-                        status.message or None,
-                        r_attrs,
-                        r_dropped,
-                        r_schema,
-                        s_name,
-                        s_version,
-                        s_attrs,
-                        s_schema,
+                    SpanRow(
+                        trace_id=tid,
+                        span_id=sid,
+                        parent_span_id=span.parent_span_id.hex() or None,
+                        trace_state=span.trace_state or None,
+                        flags=span.flags,
+                        name=span.name,
+                        kind=span.kind,
+                        start_time_unix_nano=start,
+                        end_time_unix_nano=end,
+                        attributes=attrs_json,
+                        content_attributes=content_json,
+                        dropped_attributes_count=span.dropped_attributes_count,
+                        events=events_json,
+                        dropped_events_count=span.dropped_events_count,
+                        links=links_json,
+                        dropped_links_count=span.dropped_links_count,
+                        status_code=status.code,
+                        status_message=status.message or None,
+                        resource_attributes=r_attrs,
+                        resource_dropped_attributes_count=r_dropped,
+                        resource_schema_url=r_schema,
+                        scope_name=s_name,
+                        scope_version=s_version,
+                        scope_attributes=s_attrs,
+                        scope_schema_url=s_schema,
                     )
                 )
     return {
-        "spans": rows_table(SPANS_SCHEMA, rows, received_at),
+        "spans": rows_table(SPANS, rows, received_at),
         "call_tokens": call_tokens_table(packed, received_at),
     }
-
-
-def rows_table(schema: pa.Schema, rows: list[tuple], received_at: datetime) -> pa.Table:
-    """Columns from row tuples (every field of `schema` but the trailing received_at), then received_at."""
-    columns = zip(*rows, strict=True) if rows else [()] * (len(schema) - 1)
-    arrays = [_array(col, field.type) for col, field in zip(columns, schema, strict=False)]
-    arrays.append(received_at_array(received_at, len(rows)))
-    return pa.Table.from_arrays(arrays, schema=schema)
-
-
-def _array(values: Iterable, type_: pa.DataType) -> pa.Array:
-    if type_ != JSON:
-        return pa.array(values, type=type_)
-    # orjson's bytes are valid UTF-8: viewed as strings as they are, 2x faster than pyarrow's JSON conversion.
-    return pa.ExtensionArray.from_storage(JSON, pa.array(values, type=pa.binary()).view(pa.string()))
 
 
 # ---------------------------------------------------------------- logs
@@ -307,7 +295,7 @@ def logs_to_tables(
     req: ExportLogsServiceRequest, received_at: datetime, seq_start: int
 ) -> dict[str, pa.Table]:
     """ExportLogsServiceRequest -> {"logs": ...}; `seq` numbers records from `seq_start` in request order."""
-    rows: list[tuple] = []
+    rows: list[LogRow] = []
     seq = seq_start
     for rl in req.resource_logs:
         resource = rl.resource
@@ -323,28 +311,28 @@ def logs_to_tables(
                 if len(rec.trace_id) not in (0, 16) or len(rec.span_id) not in (0, 8):
                     raise ValueError(f"log record: {_id_lengths(rec.trace_id, rec.span_id)}")
                 rows.append(
-                    (
-                        content_key(seed, rec.SerializeToString()),
-                        seq,
-                        rec.time_unix_nano,
-                        rec.observed_time_unix_nano,
-                        rec.severity_number,
-                        rec.severity_text or None,
-                        rec.event_name or None,
-                        _dumps(_any_value(rec.body)),
-                        kv_json(rec.attributes),
-                        rec.dropped_attributes_count,
-                        rec.flags,
-                        hex_or_none(rec.trace_id),
-                        hex_or_none(rec.span_id),
-                        r_attrs,
-                        r_dropped,
-                        r_schema,
-                        s_name,
-                        s_version,
-                        s_attrs,
-                        sl.schema_url or None,
+                    LogRow(
+                        content_key=content_key(seed, rec.SerializeToString()),
+                        seq=seq,
+                        time_unix_nano=rec.time_unix_nano,
+                        observed_time_unix_nano=rec.observed_time_unix_nano,
+                        severity_number=rec.severity_number,
+                        severity_text=rec.severity_text or None,
+                        event_name=rec.event_name or None,
+                        body=_dumps(_any_value(rec.body)),
+                        attributes=kv_json(rec.attributes),
+                        dropped_attributes_count=rec.dropped_attributes_count,
+                        flags=rec.flags,
+                        trace_id=hex_or_none(rec.trace_id),
+                        span_id=hex_or_none(rec.span_id),
+                        resource_attributes=r_attrs,
+                        resource_dropped_attributes_count=r_dropped,
+                        resource_schema_url=r_schema,
+                        scope_name=s_name,
+                        scope_version=s_version,
+                        scope_attributes=s_attrs,
+                        scope_schema_url=sl.schema_url or None,
                     )
                 )
                 seq += 1
-    return {"logs": rows_table(LOGS_SCHEMA, rows, received_at)}
+    return {"logs": rows_table(LOGS, rows, received_at)}

@@ -9,8 +9,10 @@ import pyarrow as pa
 from google.protobuf.message import Message
 from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceRequest
 
-from otel_rl.collector.flatten import content_key, hex_or_none, kv_dict, kv_json, record_hasher, rows_table
-from otel_rl.collector.schemas import METRIC_POINTS_SCHEMA
+from otel_rl.collector.flatten import content_key, hex_or_none, kv_dict, kv_json, record_hasher
+from otel_rl.store.layout import METRIC_POINTS, rows_table
+
+MetricPointRow = METRIC_POINTS.row
 
 
 def _exemplars(point: Message) -> list[dict]:
@@ -60,7 +62,7 @@ def _point_fields(kind: str, p: Message) -> tuple:
 
 def metrics_to_tables(req: ExportMetricsServiceRequest, received_at: datetime) -> dict[str, pa.Table]:
     """ExportMetricsServiceRequest -> {"metric_points": ...}: one row per data point."""
-    rows: list[tuple] = []
+    rows: list[MetricPointRow] = []
     for rm in req.resource_metrics:
         resource = rm.resource
         r_attrs = kv_json(resource.attributes)
@@ -79,30 +81,30 @@ def metrics_to_tables(req: ExportMetricsServiceRequest, received_at: datetime) -
                 for p in data.data_points:
                     value, count, total, low, high, whole = _point_fields(kind, p)
                     rows.append(
-                        (
-                            content_key(seed, header + p.SerializeToString()),
-                            metric.name,
-                            metric.description or None,
-                            metric.unit or None,
-                            kv_json(metric.metadata),
-                            kind,
-                            temporality,
-                            monotonic,
-                            p.start_time_unix_nano,
-                            p.time_unix_nano,
-                            kv_json(p.attributes),
-                            value,
-                            count,
-                            total,
-                            low,
-                            high,
-                            orjson.dumps(whole),
-                            r_attrs,
-                            rm.schema_url or None,
-                            scope.name or None,
-                            scope.version or None,
-                            s_attrs,
-                            sm.schema_url or None,
+                        MetricPointRow(
+                            content_key=content_key(seed, header + p.SerializeToString()),
+                            metric_name=metric.name,
+                            description=metric.description or None,
+                            unit=metric.unit or None,
+                            metric_metadata=kv_json(metric.metadata),
+                            type=kind,
+                            aggregation_temporality=temporality,
+                            is_monotonic=monotonic,
+                            start_time_unix_nano=p.start_time_unix_nano,
+                            time_unix_nano=p.time_unix_nano,
+                            attributes=kv_json(p.attributes),
+                            value=value,
+                            count=count,
+                            sum=total,
+                            min=low,
+                            max=high,
+                            point=orjson.dumps(whole),
+                            resource_attributes=r_attrs,
+                            resource_schema_url=rm.schema_url or None,
+                            scope_name=scope.name or None,
+                            scope_version=scope.version or None,
+                            scope_attributes=s_attrs,
+                            scope_schema_url=sm.schema_url or None,
                         )
                     )
-    return {"metric_points": rows_table(METRIC_POINTS_SCHEMA, rows, received_at)}
+    return {"metric_points": rows_table(METRIC_POINTS, rows, received_at)}

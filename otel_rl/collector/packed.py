@@ -9,7 +9,7 @@ import pyarrow as pa
 
 from otel_rl.attributes import PROMPT_TOKEN_IDS
 from otel_rl.collector.limits import choice_index, is_index
-from otel_rl.collector.schemas import CALL_TOKENS_SCHEMA, received_at_array
+from otel_rl.store.layout import CALL_TOKENS, received_at_array
 
 
 class PackedTokens:
@@ -83,4 +83,4 @@ def call_tokens_table(packed: list[PackedTokens], received_at: datetime) -> pa.T
         _nested_list_array([t.choice_logprobs for t in packed], n_choices, "<f4", pa.float32()),
         received_at_array(received_at, len(packed)),
     ]
-    return pa.Table.from_arrays(arrays, schema=CALL_TOKENS_SCHEMA)
+    return pa.Table.from_arrays(arrays, schema=CALL_TOKENS.schema)

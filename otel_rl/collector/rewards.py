@@ -12,6 +12,7 @@ from pydantic import BaseModel, Field, field_validator
 
 from otel_rl import attributes as attr
 from otel_rl.auth import Auth, admin_required
+from otel_rl.collector.ingest import logs_batch
 from otel_rl.store import Saturated, Store, StoreUnavailable
 
 REWARDS_SCOPE = "otel_rl.rewards_api"
@@ -91,7 +92,7 @@ def rewards_router(store: Store, auth: Auth) -> APIRouter:
         dependencies=[Depends(admin_required(auth))],
     )
     async def post_reward(reward: RewardIn) -> dict:
-        batch = store.logs_batch(reward_log_request(reward, now_ns=time.time_ns()))
+        batch = logs_batch(store, reward_log_request(reward, now_ns=time.time_ns()))
         try:
             await asyncio.wrap_future(store.submit(batch))
         except (Saturated, StoreUnavailable) as exc:

@@ -5,6 +5,7 @@ import contextlib
 import logging
 import time
 from collections.abc import AsyncIterator, Mapping
+from functools import partial
 from typing import Any
 
 import aiohttp
@@ -14,6 +15,7 @@ from starlette.responses import Response, StreamingResponse
 
 from otel_rl.attributes import GATEWAY_SCOPE, ROLLOUT_ID, SPLIT
 from otel_rl.auth import Auth, Principal, Unauthorized
+from otel_rl.collector.ingest import ingest_traces
 from otel_rl.gateway.attribution import RolloutIdentities, caller_identity, trace_parent
 from otel_rl.gateway.client import UpstreamClient, UpstreamError, upstream_error
 from otel_rl.gateway.errors import CallError, json_object, vllm_error
@@ -48,7 +50,7 @@ class Gateway:
         self.pool = ServerPool(settings.servers)
         forward = otlp_forwarder(settings.forward_otlp) if settings.forward_otlp else None
         self.tracer_provider = gateway_tracer_provider(
-            store.ingest_traces, flush_ms=settings.span_flush_ms, forward=forward
+            partial(ingest_traces, store), flush_ms=settings.span_flush_ms, forward=forward
         )
         self.tracer = self.tracer_provider.get_tracer(GATEWAY_SCOPE)  # reload spans
         self.call_spans = CallSpanWriter(

@@ -24,14 +24,9 @@ from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace import INVALID_SPAN_CONTEXT, SpanContext, SpanKind, Status, StatusCode, TraceFlags
 
 from otel_rl.attributes import GATEWAY_SCOPE
-from otel_rl.collector.flatten import (
-    SPANS_SCHEMA,
-    PackedTokens,
-    call_tokens_table,
-    is_content_attribute,
-    rows_table,
-)
+from otel_rl.collector.flatten import PackedTokens, SpanRow, call_tokens_table, is_content_attribute
 from otel_rl.gateway.recording import CallRecord, call_attributes, span_name, token_arrays
+from otel_rl.store.layout import SPANS, rows_table
 from otel_rl.store.writer import Saturated, StoreClosed, StoreUnavailable
 
 log = logging.getLogger(__name__)
@@ -61,7 +56,7 @@ class CallSpanWriter:
         self._resource_json = orjson.dumps(dict(resource.attributes))
         self._forward = forward
         self._flush_s = flush_ms / 1000
-        self._rows: list[tuple] = []
+        self._rows: list[SpanRow] = []
         self._tokens: list[PackedTokens] = []
         self._lock = threading.Lock()
         self._closing = threading.Event()
@@ -91,34 +86,34 @@ class CallSpanWriter:
             if tokens.prompt is None and not tokens.choice_ids and not tokens.choice_logprobs:
                 tokens = None
         failed = record.error_type is not None
-        row = (
-            tid,
-            sid,
-            f"{parent.span_id:016x}" if parent.is_valid else None,
-            (",".join(f"{k}={v}" for k, v in parent.trace_state.items()) or None)
+        row = SpanRow(
+            trace_id=tid,
+            span_id=sid,
+            parent_span_id=f"{parent.span_id:016x}" if parent.is_valid else None,
+            trace_state=(",".join(f"{k}={v}" for k, v in parent.trace_state.items()) or None)
             if parent.is_valid
             else None,
-            HAS_IS_REMOTE | (IS_REMOTE if parent.is_valid and parent.is_remote else 0),
-            span_name(record),
-            CLIENT,
-            record.start_ns,
-            record.end_ns,
-            orjson.dumps(attributes),
-            orjson.dumps(content) if content else None,
-            0,
-            b"[]",
-            0,
-            b"[]",
-            0,
-            ERROR if failed else 0,
-            (record.error_message or None) if failed else None,
-            self._resource_json,
-            0,
-            self._resource.schema_url or None,
-            GATEWAY_SCOPE,
-            None,
-            b"{}",
-            None,
+            flags=HAS_IS_REMOTE | (IS_REMOTE if parent.is_valid and parent.is_remote else 0),
+            name=span_name(record),
+            kind=CLIENT,
+            start_time_unix_nano=record.start_ns,
+            end_time_unix_nano=record.end_ns,
+            attributes=orjson.dumps(attributes),
+            content_attributes=orjson.dumps(content) if content else None,
+            dropped_attributes_count=0,
+            events=b"[]",
+            dropped_events_count=0,
+            links=b"[]",
+            dropped_links_count=0,
+            status_code=ERROR if failed else 0,
+            status_message=(record.error_message or None) if failed else None,
+            resource_attributes=self._resource_json,
+            resource_dropped_attributes_count=0,
+            resource_schema_url=self._resource.schema_url or None,
+            scope_name=GATEWAY_SCOPE,
+            scope_version=None,
+            scope_attributes=b"{}",
+            scope_schema_url=None,
         )
         with self._lock:
             self._rows.append(row)
@@ -170,7 +165,7 @@ class CallSpanWriter:
         if not rows:
             return
         now = datetime.now(UTC)
-        batch = {"spans": rows_table(SPANS_SCHEMA, rows, now), "call_tokens": call_tokens_table(tokens, now)}
+        batch = {"spans": rows_table(SPANS, rows, now), "call_tokens": call_tokens_table(tokens, now)}
         try:
             while True:
                 try:
@@ -186,7 +181,7 @@ class CallSpanWriter:
         except Exception:  # the thread must survive a store error; the spans are lost, loudly
             log.exception("the store refused %d gateway spans", len(rows))
 
-    def _hold(self, rows: list[tuple], tokens: list, error: StoreUnavailable) -> None:
+    def _hold(self, rows: list[SpanRow], tokens: list, error: StoreUnavailable) -> None:
         if isinstance(error, StoreClosed):
             log.error("the store closed before %d gateway spans could be written", len(rows))
             return
@@ -194,7 +189,7 @@ class CallSpanWriter:
             self._rows, self._tokens = rows + self._rows, tokens + self._tokens
             dropped = len(self._rows) - MAX_HELD_SPANS
             if dropped > 0:
-                kept = {(row[0], row[1]) for row in self._rows[dropped:]}  # (trace_id, span_id)
+                kept = {(row.trace_id, row.span_id) for row in self._rows[dropped:]}
                 self._rows = self._rows[dropped:]
                 self._tokens = [t for t in self._tokens if (t.trace_id, t.span_id) in kept]
         if dropped > 0:

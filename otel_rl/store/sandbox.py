@@ -3,6 +3,7 @@
 import contextlib
 import threading
 import time
+from collections.abc import Callable
 
 import duckdb
 import pyarrow as pa
@@ -19,6 +20,8 @@ LOCK_DOWN = (
     "SET autoload_known_extensions = false",
     "SET lock_configuration = true",
 )
+# The tables the writer fills: a statement reading only these needs no normalized table caught up.
+RAW_TABLE_NAMES = frozenset({"spans", "call_tokens", "logs", "metric_points", "rollout_keys", "view_sources"})
 BATCH_ROWS = 16_384  # rows per Arrow batch read from DuckDB: the result bound is checked after each
 WATCH_TICK_S = 0.05  # how often a running statement's deadline and stop are checked
 
@@ -67,6 +70,15 @@ def check_read_only(sql: str) -> None:
         )
 
 
+def reads_raw_tables_only(con: duckdb.DuckDBPyConnection, sql: str) -> bool:
+    """Whether `sql` names raw tables only (or none: table functions), by DuckDB's parser; False when it does
+    not parse (the query then fails on its own)."""
+    try:
+        return con.get_table_names(sql) <= RAW_TABLE_NAMES
+    except duckdb.Error:
+        return False
+
+
 class UserQuery:
     """One user statement on a cursor of its own of a locked-down store connection, in a read-only transaction
     (DuckDB refuses any write in it, a `WITH d AS (DELETE ... RETURNING *)` included), rolled back after.
@@ -89,6 +101,8 @@ class UserQuery:
         self._timeout_s = timeout_s
         self._cursor: duckdb.DuckDBPyConnection | None = None
         self._stopped: QueryInterrupted | None = None
+        # Called in run()'s thread before the statement (the store's wait for its normalized tables).
+        self.before_run: Callable[[], None] | None = None
         self._lock = threading.Lock()
 
     def stop(self, reason: QueryInterrupted) -> None:
@@ -100,6 +114,8 @@ class UserQuery:
 
     def run(self) -> pa.Table:
         """The statement's result; ReadOnlyViolation, QueryFailed, QueryInterrupted or ResultTooLarge."""
+        if self.before_run is not None:
+            self.before_run()
         with self._lock:
             if self._stopped is not None:
                 raise self._stopped

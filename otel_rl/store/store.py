@@ -1,30 +1,35 @@
 """The DuckDB store: one file holding the raw OTLP tables, the normalized views and rollout keys."""
 
-import hashlib
 import logging
 import threading
 import time
 from concurrent.futures import Future
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from importlib import resources
+from functools import partial
 from pathlib import Path
 
 import duckdb
 import pyarrow as pa
 import pyarrow.compute as pc
-from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsServiceRequest
-from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceRequest
-from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
-from otel_rl.collector import flatten, metrics
 from otel_rl.store import wal
 from otel_rl.store.connection import connect, cursor
-from otel_rl.store.sandbox import UserQuery, lock_down
+from otel_rl.store.normalizer import Normalizer, NotNormalized
+from otel_rl.store.sandbox import UserQuery, lock_down, reads_raw_tables_only
+from otel_rl.store.schema import (
+    COMMIT_NUMBERED,
+    Schema,
+    create_tables,
+    create_views,
+    default_transforms_dir,
+    last_commit,
+)
 from otel_rl.store.writer import CHECKPOINT_THRESHOLD, Batch, GroupCommitWriter, Saturated
 
 log = logging.getLogger(__name__)
 
+NORMALIZED_WAIT_S = 600.0  # how long an in-process read waits for the normalized tables without a timeout
 # Rows that are the same record: a retried export or a duplicate inside one request is stored once.
 DEDUP_KEYS = {
     "spans": ("trace_id", "span_id"),
@@ -37,18 +42,6 @@ DEDUP_KEYS = {
 # stored side by the batch's min and max (as literals) lets DuckDB skip row groups by their min/max: without
 # it every commit scans every stored key (65 ms of CPU per 2,048-span commit at 1M spans, about 5 ms with it).
 TIME_COLUMNS = {"spans": "start_time_unix_nano", "logs": "time_unix_nano", "metric_points": "time_unix_nano"}
-_STORE_TABLES_SQL = """
-CREATE TABLE IF NOT EXISTS view_sources (   -- the transforms/*.sql files whose views are in place
-    position    INTEGER NOT NULL,
-    file        VARCHAR NOT NULL,
-    sha256      VARCHAR NOT NULL
-);
-CREATE TABLE IF NOT EXISTS rollout_keys (
-    key_hash    VARCHAR NOT NULL,   -- sha256 of the key: the key itself is never stored
-    rollout_id  VARCHAR NOT NULL,
-    created_at  TIMESTAMPTZ NOT NULL
-);
-"""
 DEFAULT_MAX_PENDING_BYTES = 256 * 1024 * 1024
 
 
@@ -60,7 +53,8 @@ class IngestResult:
 
 
 class Store:
-    """One DuckDB file; the only writer of it. Writes go through a group-commit writer thread."""
+    """One DuckDB file; the only writer of it. Writes go through a group-commit writer thread; a normalizer
+    thread keeps the normalized tables (llm_calls, rollouts, rewards...) caught up with them."""
 
     def __init__(
         self,
@@ -76,15 +70,30 @@ class Store:
         # What of the WAL (the commits since the last checkpoint) the open below replays: None if no WAL.
         # Read before DuckDB opens the file: it deletes or overwrites the WAL, and with it the evidence.
         self.wal_at_open = wal.check_before_open(self.path)
-        self._con = self._open()
+        self._generation = 0  # of the connection: a new one after each reopen
+        self._con, schema = self._open()
         self._seq_lock = threading.Lock()
         (last_seq,) = self._con.execute("SELECT coalesce(max(seq) + 1, 0) FROM logs").fetchone()
         self._next_log_seq = int(last_seq)
+        committed = last_commit(self._con)
+        self._normalizer = Normalizer(
+            self._normalizer_cursor,
+            schema.files,
+            schema.fingerprint,
+            through=min(schema.through, committed),
+            committed=committed,
+            fills=schema.fills,
+        )
         self._writer = GroupCommitWriter(
-            cursor(self._con), insert_batch, max_pending_bytes=max_pending_bytes, reopen=self._reopen
+            cursor(self._con),
+            insert_batch,
+            max_pending_bytes=max_pending_bytes,
+            reopen=self._reopen,
+            last_commit_seq=committed,
+            on_commit=self._normalizer.committed,
         )
 
-    def _open(self) -> duckdb.DuckDBPyConnection:
+    def _open(self) -> tuple[duckdb.DuckDBPyConnection, Schema]:
         """A connection to the file with everything the store applies to it (at start and on every reopen).
 
         Queries through the server run on one core (see connect). Raises StoreDamaged when DuckDB refuses
@@ -97,34 +106,31 @@ class Store:
                 raise wal.StoreDamaged(wal.damaged_store_message(self.path, exc)) from exc
             raise
         con.execute(f"SET checkpoint_threshold = '{CHECKPOINT_THRESHOLD}'")
-        self.views = create_tables_and_views(con, self._transforms_dir)
+        create_tables(con)
+        schema = create_views(con, self._transforms_dir)
+        self.views = schema.views
         lock_down(con)  # last: the settings above are locked from here on (see sandbox.py)
-        return con
+        return con, schema
 
     def _reopen(self) -> duckdb.DuckDBPyConnection:
         """The writer's new connection after DuckDB invalidated the database (see GroupCommitWriter)."""
         # Closed first: two DuckDB instances of one process must not hold the same file.
         self._con.close()
-        self._con = self._open()
+        self._con, _ = self._open()
+        self._generation += 1
         return cursor(self._con)
+
+    def _normalizer_cursor(self) -> tuple[duckdb.DuckDBPyConnection, int]:
+        return cursor(self._con), self._generation
 
     # ---------------------------------------------------------------- writes
 
-    def traces_batch(self, request: ExportTraceServiceRequest) -> Batch:
-        """The raw-table rows of an ExportTraceServiceRequest."""
-        return flatten.traces_to_tables(request, _now())
-
-    def logs_batch(self, request: ExportLogsServiceRequest) -> Batch:
-        """The raw-table rows of an ExportLogsServiceRequest, numbered in arrival order."""
-        n_records = sum(len(sl.log_records) for rl in request.resource_logs for sl in rl.scope_logs)
+    def reserve_log_seqs(self, n_records: int) -> int:
+        """The first of `n_records` consecutive log sequence numbers (the store's arrival order)."""
         with self._seq_lock:
             seq_start = self._next_log_seq
             self._next_log_seq += n_records
-        return flatten.logs_to_tables(request, _now(), seq_start)
-
-    def metrics_batch(self, request: ExportMetricsServiceRequest) -> Batch:
-        """The raw-table rows of an ExportMetricsServiceRequest."""
-        return metrics.metrics_to_tables(request, _now())
+        return seq_start
 
     def submit(self, batch: Batch, *, dedup: bool = True) -> Future:
         """Queue rows for the next group commit; the future resolves once they are on disk.
@@ -146,20 +152,9 @@ class Store:
         """The group-commit writer: its queue and commit timings, for the server's /metrics."""
         return self._writer
 
-    def ingest_traces(self, request: ExportTraceServiceRequest) -> IngestResult:
-        """Store an ExportTraceServiceRequest durably (blocks until committed, waits while saturated)."""
-        return self._ingest(self.traces_batch(request), "spans")
-
-    def ingest_logs(self, request: ExportLogsServiceRequest) -> IngestResult:
-        """Store an ExportLogsServiceRequest durably (blocks until committed)."""
-        return self._ingest(self.logs_batch(request), "logs")
-
-    def ingest_metrics(self, request: ExportMetricsServiceRequest) -> IngestResult:
-        """Store an ExportMetricsServiceRequest durably (blocks until committed)."""
-        return self._ingest(self.metrics_batch(request), "metric_points")
-
-    def _ingest(self, batch: Batch, main_table: str) -> IngestResult:
-        # In-process producers have no retry logic of their own: a full queue makes them wait, not fail.
+    def write(self, batch: Batch, main_table: str) -> IngestResult:
+        """Store a batch durably: blocks until committed, waiting while the write queue is full (in-process
+        producers have no retry logic of their own: a full queue makes them wait, not fail)."""
         while True:
             try:
                 future = self.submit(batch)
@@ -193,8 +188,28 @@ class Store:
     def user_query(
         self, sql: str, *, max_result_bytes: int | None = None, timeout_s: float | None = None
     ) -> UserQuery:
-        """One user statement to `run()` in the sandbox, which another thread may `stop()`."""
-        return UserQuery(self._con, sql, max_result_bytes=max_result_bytes, timeout_s=timeout_s)
+        """One user statement to `run()` in the sandbox, which another thread may `stop()`. It runs once the
+        normalized tables include every commit made before it started (unless it reads raw tables only)."""
+        query = UserQuery(self._con, sql, max_result_bytes=max_result_bytes, timeout_s=timeout_s)
+        if not reads_raw_tables_only(self._con, sql):
+            query.before_run = partial(self.wait_normalized, timeout_s)
+        return query
+
+    def wait_normalized(self, timeout_s: float | None = None) -> None:
+        """Block until the normalized tables include every commit made so far; NotNormalized after
+        `timeout_s` (NORMALIZED_WAIT_S when None)."""
+        target = self._writer.last_commit_seq
+        if not self._normalizer.wait_for(target, NORMALIZED_WAIT_S if timeout_s is None else timeout_s):
+            failure = self._normalizer.failure
+            raise NotNormalized(
+                f"the normalized tables are {self._normalizer.lag} commits behind the raw tables"
+                + (f" ({failure})" if failure else "; retry shortly")
+            )
+
+    @property
+    def normalizer(self) -> Normalizer:
+        """The normalizer: its watermark, lag and rounds, for /healthz and /metrics."""
+        return self._normalizer
 
     @property
     def write_failure(self) -> str | None:
@@ -202,8 +217,9 @@ class Store:
         return self._writer.failure
 
     def close(self) -> None:
-        """Write what is pending, checkpoint, and close the file."""
+        """Write what is pending, normalize it, checkpoint, and close the file."""
         self._writer.close()
+        self._normalizer.close()
         try:
             self._con.execute("CHECKPOINT")
         except duckdb.Error as exc:
@@ -218,7 +234,9 @@ class Store:
         self.close()
 
 
-def insert_batch(con: duckdb.DuckDBPyConnection, tables: dict[str, pa.Table], *, dedup: bool = True) -> None:
+def insert_batch(
+    con: duckdb.DuckDBPyConnection, tables: dict[str, pa.Table], *, dedup: bool = True, commit_seq: int
+) -> None:
     """Insert each raw table's rows as one statement; with `dedup`, skipping rows whose key is stored or
     repeated in the batch.
 
@@ -230,7 +248,7 @@ def insert_batch(con: duckdb.DuckDBPyConnection, tables: dict[str, pa.Table], *,
     """
     if not dedup:
         for name, rows in tables.items():
-            _insert(con, name, rows)
+            _insert(con, name, rows, commit_seq)
         return
     new_spans: set[tuple[str, str]] = set()
     for name in sorted(tables, key=lambda name: name != "spans"):  # spans first: their tokens follow them
@@ -238,11 +256,11 @@ def insert_batch(con: duckdb.DuckDBPyConnection, tables: dict[str, pa.Table], *,
         if name == "call_tokens":
             keys = zip(rows.column("trace_id").to_pylist(), rows.column("span_id").to_pylist(), strict=True)
             rows = rows.filter(pa.array([key in new_spans for key in keys], pa.bool_()))
-            _insert(con, name, rows)
+            _insert(con, name, rows, commit_seq)
             continue
         # the inserted keys only when tokens follow (returning them costs every OTLP request a little)
         returning = DEDUP_KEYS[name] if name == "spans" and "call_tokens" in tables else ()
-        inserted = _insert(con, name, rows, _not_stored(name, rows), returning)
+        inserted = _insert(con, name, rows, commit_seq, _not_stored(name, rows), returning)
         if returning:
             new_spans = set(inserted)
 
@@ -262,16 +280,19 @@ def _insert(
     con: duckdb.DuckDBPyConnection,
     table: str,
     rows: pa.Table,
+    commit_seq: int,
     where: str = "",
     returning: tuple[str, ...] = (),
 ) -> list[tuple]:
-    """INSERT the rows (those matching `where`, over them as `incoming`); the `returning` columns of each."""
+    """INSERT the rows (those matching `where`, over them as `incoming`), numbered with the commit in the
+    tables that carry it; the `returning` columns of each."""
     # Registered, not read by its Python name: the sandbox's lock-down turns replacement scans off. Measured
     # per 2-row statement: 1.8-2.0 ms, vs 1.4-1.6 ms by name and 3.0-4.3 ms for a relation's query().
     con.register("incoming", rows)
     try:
         returned = f" RETURNING {', '.join(returning)}" if returning else ""
-        sql = f"INSERT INTO {table} BY NAME SELECT * FROM incoming{where}{returned}"
+        numbered = f", {commit_seq}::UBIGINT AS commit_seq" if table in COMMIT_NUMBERED else ""
+        sql = f"INSERT INTO {table} BY NAME SELECT *{numbered} FROM incoming{where}{returned}"
         result = con.execute(sql).fetchall()
     finally:
         con.unregister("incoming")
@@ -287,61 +308,6 @@ def first_of_each_key(rows: pa.Table, key: tuple[str, ...]) -> pa.Table:
     positions = pa.table({"key": joined, "position": pa.array(range(rows.num_rows), pa.int64())})
     first = positions.group_by("key", use_threads=False).aggregate([("position", "min")])
     return rows.take(sorted(first.column("position_min").to_pylist()))
-
-
-def default_transforms_dir() -> Path:
-    """The view SQL: `transforms/` of a checkout, or its copy inside an installed wheel."""
-    checkout = Path(__file__).resolve().parents[2] / "transforms"
-    return checkout if checkout.is_dir() else Path(__file__).resolve().parents[1] / "_sql"
-
-
-def create_tables_and_views(con: duckdb.DuckDBPyConnection, transforms_dir: Path) -> dict[str, str | None]:
-    """The raw tables (schema.sql) and the store's own, where missing, then the views (see create_views)."""
-    con.execute(resources.files("otel_rl.store").joinpath("schema.sql").read_text())
-    con.execute(_STORE_TABLES_SQL)
-    return create_views(con, transforms_dir)
-
-
-def create_views(con: duckdb.DuckDBPyConnection, transforms_dir: Path) -> dict[str, str | None]:
-    """(Re)create the views of each `*.sql` file in `transforms_dir` in file-name order.
-
-    Returns each file's error (None when it worked). Files are run from the first one that changed (or
-    failed) since the last open: binding the views takes seconds, and restarts should not. A broken
-    view file is logged, not fatal: ingest does not depend on views, and the store must keep taking
-    data while someone fixes the SQL.
-    """
-    files = sorted(transforms_dir.glob("*.sql")) if transforms_dir.is_dir() else []
-    sources = [(file.name, hashlib.sha256(file.read_bytes()).hexdigest()) for file in files]
-    created = con.execute("SELECT file, sha256 FROM view_sources ORDER BY position").fetchall()
-    unchanged = 0
-    while unchanged < min(len(sources), len(created)) and sources[unchanged] == tuple(created[unchanged]):
-        unchanged += 1
-    outcome: dict[str, str | None] = {name: None for name, _ in sources[:unchanged]}
-    for file in files[unchanged:]:
-        try:
-            con.execute(file.read_text())
-            outcome[file.name] = None
-        except duckdb.Error as exc:
-            log.error("views of %s were not created: %s", file, exc)
-            outcome[file.name] = str(exc)
-    # Remember the files in place, up to the first that failed: the next open starts there.
-    first_failed = next((i for i, (name, _) in enumerate(sources) if outcome[name]), len(sources))
-    in_place = pa.table(
-        {
-            "position": pa.array(range(first_failed), pa.int32()),
-            "file": [name for name, _ in sources[:first_failed]],
-            "sha256": [digest for _, digest in sources[:first_failed]],
-        }
-    )
-    if [tuple(row) for row in created] == sources[:first_failed]:
-        return outcome  # nothing to record: a reopen on a full disk must not need to write
-    con.execute("BEGIN TRANSACTION")
-    con.execute("DELETE FROM view_sources")
-    con.register("in_place", in_place)
-    con.execute("INSERT INTO view_sources SELECT * FROM in_place")
-    con.unregister("in_place")
-    con.execute("COMMIT")
-    return outcome
 
 
 def _now() -> datetime:

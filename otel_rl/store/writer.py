@@ -70,8 +70,9 @@ class _Pending:
 class GroupCommitWriter:
     """Takes every batch pending, inserts one Arrow table per raw table, commits once, then resolves all.
 
-    `insert(con, {table_name: arrow_table}, dedup=...)` does the inserts (with their dedup, for batches
-    submitted with it); the writer owns transactions.
+    `insert(con, {table_name: arrow_table}, dedup=..., commit_seq=...)` does the inserts (with their dedup,
+    for batches submitted with it); the writer owns transactions and numbers them: every row a commit writes
+    carries its `commit_seq`, one more than the last commit's, and `on_commit(commit_seq)` hears of each.
     DuckDB writes and syncs its WAL on COMMIT, so a resolved future means the rows are on disk.
 
     A write that fails for the storage's sake fails its group with `StoreUnavailable`, and for RETRY_AFTER_S
@@ -86,8 +87,12 @@ class GroupCommitWriter:
         *,
         max_pending_bytes: int,
         reopen: Callable[[], duckdb.DuckDBPyConnection],
+        last_commit_seq: int,
+        on_commit: Callable[[int], None],
     ) -> None:
         self._con = con
+        self.last_commit_seq = last_commit_seq
+        self._on_commit = on_commit
         self._insert = insert
         self._reopen = reopen
         self._max_pending_bytes = max_pending_bytes
@@ -224,6 +229,7 @@ class GroupCommitWriter:
             return
         con = self._con
         started = time.perf_counter()
+        commit_seq = self.last_commit_seq + 1
         con.execute("BEGIN TRANSACTION")
         try:
             for dedup in (True, False):
@@ -233,7 +239,7 @@ class GroupCommitWriter:
                     if with_dedup == dedup
                 }
                 if tables:
-                    self._insert(con, tables, dedup=dedup)
+                    self._insert(con, tables, dedup=dedup, commit_seq=commit_seq)
             try:
                 con.execute("COMMIT")
             except duckdb.Error as exc:
@@ -242,11 +248,13 @@ class GroupCommitWriter:
                 log.error("a commit is durable but the checkpoint after it failed: %s", exc)
                 self._reopen_needed = True
             self.commits += 1
+            self.last_commit_seq = commit_seq
         except Exception:
             # A failed COMMIT has already ended the transaction; only roll back one that is still open.
             with contextlib.suppress(duckdb.TransactionException):
                 con.execute("ROLLBACK")
             raise
         seconds = time.perf_counter() - started
+        self._on_commit(commit_seq)
         for observe in self.commit_observers:
             observe(seconds, len(group))

@@ -11,7 +11,6 @@ from typing import Any
 import polars as pl
 from rich.console import Console
 
-from otel_rl.store.window import StoreWindow
 from otel_rl.train.config import TrainConfig
 from otel_rl.train.groups import read_groups
 from otel_rl.train.launcher import GroupLauncher
@@ -33,7 +32,6 @@ class StepBatch:
 async def collect_batch(
     config: TrainConfig,
     client: ServerClient,
-    window: StoreWindow,
     launcher: GroupLauncher,
     version: int,
     show: Callable[[str], None],
@@ -51,7 +49,7 @@ async def collect_batch(
         stale_total += stale
         collected = time.monotonic()
         show("building samples")
-        samples, report = await asyncio.to_thread(group_samples, config, client, window, groups, version)
+        samples, report = await asyncio.to_thread(group_samples, config, client, groups, version)
         transformed = time.monotonic()
         why = report.why_dropped(trust_setting)  # the senders' text: printed without rich markup
         if report.untrusted_rewards or not samples.height:
@@ -68,13 +66,13 @@ async def collect_batch(
 
 
 def group_samples(
-    config: TrainConfig, client: ServerClient, window: StoreWindow, groups: list[str], version: int
+    config: TrainConfig, client: ServerClient, groups: list[str], version: int
 ) -> tuple[pl.DataFrame, Any]:
     """The samples of the groups' final attempts for an update of policy `version` (exact token ids: no
     tokenizer needed)."""
     from otel_rl.transforms.samples import SampleOptions, build_samples
 
-    calls, rollouts, rewards = read_groups(client.query, window, groups)
+    calls, rollouts, rewards = read_groups(client.query, groups)
     options = SampleOptions(
         reward=config.reward.spec(),
         estimator=config.algorithm.advantage_estimator,

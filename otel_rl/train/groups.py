@@ -5,13 +5,13 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable, Mapping, Sequence
+from datetime import UTC, datetime
 from typing import TYPE_CHECKING
 
 import polars as pl
 
 from otel_rl import attributes as attr
 from otel_rl.query import sql_list
-from otel_rl.store.window import StoreWindow
 from otel_rl.train.server_client import OnlineTrainingError
 
 if TYPE_CHECKING:
@@ -23,7 +23,7 @@ POLL_S = 0.2
 
 # Reads of a step's attempts start this long before the oldest of them: clocks of other hosts (Kubernetes
 # pods) may run a little behind the controller's. Earlier rows are only read, not used.
-WINDOW_SLACK_NS = 5_000_000_000
+CLOCK_SLACK_NS = 5_000_000_000
 
 
 def final_attempts_only(
@@ -129,28 +129,33 @@ def final_attempts_sql(group_ids: Sequence[str]) -> str:
 
 
 def read_groups(
-    query: Callable[[str], pl.DataFrame], window: StoreWindow, groups: Sequence[str]
+    query: Callable[[str], pl.DataFrame], groups: Sequence[str]
 ) -> tuple[pl.DataFrame, pl.DataFrame, pl.DataFrame]:
-    """The calls, rollouts and rewards of the groups' final attempts, read through `window` of the store
-    (`query` asks the server)."""
+    """The calls, rollouts and rewards of the groups' final attempts (`query` asks the server).
+
+    Calls and rewards come from `llm_calls` and `rewards`, the views users query (tables the store keeps
+    normalized). Everything read started or arrived after the oldest final attempt did: bounding the reads by
+    that time lets DuckDB skip the row groups written before, so that a step reads what it needs whatever
+    the store holds.
+    """
     from otel_rl.transforms.samples import CALL_COLUMNS
 
     attempts = query(final_attempts_sql(groups))
     rollouts = attempts.select(
         "rollout_id", pl.col("final_attempt").alias("attempt_id"), "group_id", "task_id", "status"
     )
-    # What is read below (the final attempts' calls and rewards) started after the oldest final attempt
-    # did: the views over the store's rows since then give it at a cost that does not grow with the store.
-    since = int(attempts["attempt_start_ns"].min()) - WINDOW_SLACK_NS
-    window.load(query, since)
+    since = int(attempts["attempt_start_ns"].min()) - CLOCK_SLACK_NS
     # The policy's calls are the gateway's, with exact token ids; a harness's calls to any other model
-    # are not samples of the policy. gateway_call_tokens reads just those, without parsing messages.
-    calls = window.query(
-        f"SELECT {', '.join(CALL_COLUMNS)}, attempt_id FROM gateway_call_tokens "
-        f"WHERE group_id IN {sql_list(groups)} ORDER BY rollout_id, start_time_unix_nano"
+    # are not samples of the policy.
+    calls = query(
+        f"SELECT {', '.join(CALL_COLUMNS)}, attempt_id FROM llm_calls WHERE start_time_unix_nano >= {since}"
+        f" AND dialect = 'gateway' AND group_id IN {sql_list(groups)}"
+        " ORDER BY rollout_id, start_time_unix_nano"
     )
-    rewards = window.query(
-        f"SELECT * FROM rewards WHERE rollout_id IN {sql_list(rollouts['rollout_id'].to_list())}"
+    received = datetime.fromtimestamp(since / 1e9, UTC).isoformat()
+    rewards = query(
+        f"SELECT * FROM rewards WHERE received_at >= '{received}'::TIMESTAMPTZ"
+        f" AND rollout_id IN {sql_list(rollouts['rollout_id'].to_list())}"
     )
     calls, rewards = final_attempts_only(calls, rewards, attempts)
     return calls, rollouts, rewards
@@ -165,7 +170,7 @@ async def await_in_store(client: ServerClient, results: Sequence[RolloutResult])
     finals = {r.attempts[-1].attempt_id: r.rollout.group_id for r in results}
     if not finals:
         return {}
-    since = min(r.attempts[-1].start_time_unix_nano for r in results) - WINDOW_SLACK_NS
+    since = min(r.attempts[-1].start_time_unix_nano for r in results) - CLOCK_SLACK_NS
     deadline = time.monotonic() + STORE_WAIT_S
     while True:
         rows = await asyncio.to_thread(client.query, attempt_progress_sql(sorted(finals), since))

@@ -18,7 +18,6 @@ import polars as pl
 from rich.console import Console
 
 from otel_rl import attributes as attr
-from otel_rl.store.window import StoreWindow
 from otel_rl.train.batches import collect_batch
 from otel_rl.train.config import TrainConfig
 from otel_rl.train.controllers import open_runner, train_settings
@@ -52,7 +51,6 @@ class OnlineLoop:
         self.run_id = run_id_of(config.output_dir)
         resumed = latest_checkpoint(config.output_dir)
         self.checkpoint, self.state = resumed if resumed else (config.model, OnlineState())
-        self.window = StoreWindow()  # a step's reads
 
     async def run(self) -> OnlineResult:
         config = self.config.model_copy(update={"model": self.checkpoint})
@@ -100,9 +98,7 @@ class OnlineLoop:
 
         started, started_ns = time.monotonic(), time.time_ns()
         version = self.state.version
-        batch = await collect_batch(
-            self.config, self.client, self.window, launcher, version, progress.show, self.console
-        )
+        batch = await collect_batch(self.config, self.client, launcher, version, progress.show, self.console)
         train_started = time.monotonic()
         progress.show(f"training on {batch.samples.height} samples")
         metrics = await asyncio.to_thread(trainer.step, to_dataproto(batch.samples, trainer.pad_token_id))

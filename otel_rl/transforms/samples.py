@@ -60,7 +60,7 @@ CALL_COLUMNS = (
     "policy_version",
 )
 SHOWN_GROUPS = 20
-# Read only when needed (retokenizing, drift, SFT): normalizing messages is the costly part of llm_calls.
+# Read only when needed (retokenizing, drift, SFT): the messages are most of a call's bytes.
 MESSAGE_COLUMNS = ("input_messages", "output_messages", "tool_definitions")
 REWARD_COLUMNS = ("rollout_id", "span_id", "level", "name", "value", "source", "time", "received_at", "seq")
 
@@ -255,22 +255,12 @@ def load_inputs(
     with `messages` (needed to retokenize, to measure drift, and for SFT).
     """
     rollouts = run_query(f"SELECT {', '.join(ROLLOUT_COLUMNS)}, n_calls FROM rollouts WHERE ({where})")
-    # the selected ids as literals: a subquery would evaluate the rollouts view again for each read
+    # the selected ids as literals, which DuckDB filters the scans of the next reads with
     selected = ", ".join("'" + rollout_id.replace("'", "''") + "'" for rollout_id in rollouts["rollout_id"])
     selected = f"rollout_id IN ({selected or 'NULL'})"
     order = ("rollout_id", "start_time_unix_nano", "span_id")
-    if messages:
-        columns = ", ".join(CALL_COLUMNS + MESSAGE_COLUMNS)
-        calls = run_query(f"SELECT {columns} FROM llm_calls WHERE {selected} ORDER BY {', '.join(order)}")
-    else:
-        # gateway calls from gateway_call_tokens (no content parsed: several times cheaper), then llm_calls
-        # only if the rollouts have calls of other dialects (or calls arrived between the two reads)
-        columns = ", ".join(CALL_COLUMNS)
-        calls = run_query(f"SELECT {columns} FROM gateway_call_tokens WHERE {selected}")
-        if calls.height != rollouts["n_calls"].sum():
-            others = run_query(f"SELECT {columns} FROM llm_calls WHERE {selected} AND dialect <> 'gateway'")
-            calls = pl.concat([calls, others])
-        calls = calls.sort(order)
+    columns = ", ".join(CALL_COLUMNS + MESSAGE_COLUMNS if messages else CALL_COLUMNS)
+    calls = run_query(f"SELECT {columns} FROM llm_calls WHERE {selected} ORDER BY {', '.join(order)}")
     rewards = run_query(f"SELECT {', '.join(REWARD_COLUMNS)} FROM rewards WHERE {selected}")
     return calls, rollouts.drop("n_calls"), rewards
 

@@ -1,0 +1,46 @@
+"""OTLP export requests to raw-table rows (flattened here, in the collector), and into a store durably."""
+
+from datetime import UTC, datetime
+
+from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsServiceRequest
+from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceRequest
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+
+from otel_rl.collector import flatten, metrics
+from otel_rl.store import IngestResult, Store
+from otel_rl.store.writer import Batch
+
+
+def traces_batch(request: ExportTraceServiceRequest) -> Batch:
+    """The raw-table rows of an ExportTraceServiceRequest."""
+    return flatten.traces_to_tables(request, _now())
+
+
+def logs_batch(store: Store, request: ExportLogsServiceRequest) -> Batch:
+    """The raw-table rows of an ExportLogsServiceRequest, numbered in the store's arrival order."""
+    n_records = sum(len(sl.log_records) for rl in request.resource_logs for sl in rl.scope_logs)
+    return flatten.logs_to_tables(request, _now(), store.reserve_log_seqs(n_records))
+
+
+def metrics_batch(request: ExportMetricsServiceRequest) -> Batch:
+    """The raw-table rows of an ExportMetricsServiceRequest."""
+    return metrics.metrics_to_tables(request, _now())
+
+
+def ingest_traces(store: Store, request: ExportTraceServiceRequest) -> IngestResult:
+    """Store an ExportTraceServiceRequest durably (blocks until committed, waits while saturated)."""
+    return store.write(traces_batch(request), "spans")
+
+
+def ingest_logs(store: Store, request: ExportLogsServiceRequest) -> IngestResult:
+    """Store an ExportLogsServiceRequest durably (blocks until committed)."""
+    return store.write(logs_batch(store, request), "logs")
+
+
+def ingest_metrics(store: Store, request: ExportMetricsServiceRequest) -> IngestResult:
+    """Store an ExportMetricsServiceRequest durably (blocks until committed)."""
+    return store.write(metrics_batch(request), "metric_points")
+
+
+def _now() -> datetime:
+    return datetime.now(UTC)

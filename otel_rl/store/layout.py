@@ -1,0 +1,280 @@
+"""The raw tables' layouts, each column defined once: the DuckDB DDL, the Arrow schema producers build and the
+row type they build it from all derive from the definitions here.
+
+Raw tables hold every field an exporter sends, one row per span / log record / metric data point. JSON
+columns hold OTLP key-value lists as objects ({"key": value}); AnyValue maps to JSON (string, bool, int,
+double, array, kvlist -> object, bytes -> base64 string). Timestamps are kept as the exporter sent them
+(unsigned nanoseconds since the epoch; an end before its start is stored as the start).
+"""
+
+from __future__ import annotations
+
+from collections import namedtuple
+from dataclasses import dataclass
+from datetime import datetime
+
+import pyarrow as pa
+
+# JSON columns carry Arrow's JSON extension type: DuckDB then takes the text as JSON as it is, where a string
+# column would be parsed again to validate it (orjson writes only valid JSON); that parse was ~15% of the
+# store's insert.
+JSON = pa.json_()
+RECEIVED_AT = pa.timestamp("us", tz="UTC")
+_DUCKDB_TYPES = {
+    pa.string(): "VARCHAR",
+    JSON: "JSON",
+    pa.bool_(): "BOOLEAN",
+    pa.int8(): "TINYINT",
+    pa.int32(): "INTEGER",
+    pa.uint32(): "UINTEGER",
+    pa.uint64(): "UBIGINT",
+    pa.float32(): "FLOAT",
+    pa.float64(): "DOUBLE",
+    RECEIVED_AT: "TIMESTAMPTZ",
+}
+
+
+def duckdb_type(arrow_type: pa.DataType) -> str:
+    """The DuckDB type a column of `arrow_type` is stored as."""
+    if pa.types.is_list(arrow_type):
+        return duckdb_type(arrow_type.value_type) + "[]"
+    return _DUCKDB_TYPES[arrow_type]
+
+
+@dataclass(frozen=True)
+class Column:
+    name: str
+    type: pa.DataType
+    comment: str = ""
+    not_null: bool = False
+    # Set by the store's writer, not by whoever builds the rows (not in `Layout.schema`).
+    by_store: bool = False
+
+
+@dataclass(frozen=True)
+class Layout:
+    """One raw table: its columns in order."""
+
+    table: str
+    columns: tuple[Column, ...]
+
+    @property
+    def built(self) -> tuple[Column, ...]:
+        """The columns producers build, received_at last."""
+        return tuple(column for column in self.columns if not column.by_store)
+
+    @property
+    def schema(self) -> pa.Schema:
+        """The Arrow schema of the rows producers hand to the store."""
+        return pa.schema([(column.name, column.type) for column in self.built])
+
+    @property
+    def row(self) -> type:
+        """The row type producers fill by name: every built column but received_at (set per batch)."""
+        return _row_type(self)
+
+    def ddl(self) -> str:
+        """CREATE TABLE (where missing) with every column, then a COMMENT per column (duckdb_columns())."""
+        columns = ",\n    ".join(
+            f"{c.name} {duckdb_type(c.type)}{' NOT NULL' if c.not_null else ''}" for c in self.columns
+        )
+        comments = "".join(
+            f"\nCOMMENT ON COLUMN {self.table}.{c.name} IS '{c.comment.replace(chr(39), chr(39) * 2)}';"
+            for c in self.columns
+            if c.comment
+        )
+        return f"CREATE TABLE IF NOT EXISTS {self.table} (\n    {columns}\n);{comments}"
+
+    def add_missing_columns(self) -> str:
+        """ALTER statements adding the columns a store made by an earlier version lacks."""
+        return "".join(
+            f"ALTER TABLE {self.table} ADD COLUMN IF NOT EXISTS {c.name} {duckdb_type(c.type)};"
+            for c in self.columns
+        )
+
+
+_ROW_TYPES: dict[str, type] = {}
+
+
+def _row_type(layout: Layout) -> type:
+    if layout.table not in _ROW_TYPES:
+        names = [column.name for column in layout.built if column.name != "received_at"]
+        _ROW_TYPES[layout.table] = namedtuple(layout.table.title().replace("_", "") + "Row", names)
+    return _ROW_TYPES[layout.table]
+
+
+def rows_table(layout: Layout, rows: list[tuple], received_at: datetime) -> pa.Table:
+    """The Arrow table of `rows` (each a `layout.row`), all received at `received_at`."""
+    schema = layout.schema
+    columns = zip(*rows, strict=True) if rows else [()] * (len(schema) - 1)
+    arrays = [_array(values, field.type) for values, field in zip(columns, schema, strict=False)]
+    arrays.append(received_at_array(received_at, len(rows)))
+    return pa.Table.from_arrays(arrays, schema=schema)
+
+
+def received_at_array(received_at: datetime, n: int) -> pa.Array:
+    """The received_at column of n rows received together."""
+    return pa.repeat(pa.scalar(received_at, type=RECEIVED_AT), n)
+
+
+def _array(values: object, type_: pa.DataType) -> pa.Array:
+    if type_ != JSON:
+        return pa.array(values, type=type_)
+    # orjson's bytes are valid UTF-8: viewed as strings as they are, 2x faster than pyarrow's JSON conversion.
+    return pa.ExtensionArray.from_storage(JSON, pa.array(values, type=pa.binary()).view(pa.string()))
+
+
+def _received_at() -> Column:
+    return Column("received_at", RECEIVED_AT, "when the server received the export (its clock)")
+
+
+def _commit_seq() -> Column:
+    return Column(
+        "commit_seq",
+        pa.uint64(),
+        "the store's commit that wrote the row: the normalized tables are maintained in this order",
+        by_store=True,
+    )
+
+
+def _origin(*, dropped_resource: bool = True) -> tuple[Column, ...]:
+    """The resource and scope columns every raw table ends with."""
+    resource = (Column("resource_attributes", JSON),)
+    if dropped_resource:
+        resource += (Column("resource_dropped_attributes_count", pa.uint32()),)
+    return (
+        *resource,
+        Column("resource_schema_url", pa.string()),
+        Column("scope_name", pa.string()),
+        Column("scope_version", pa.string()),
+        Column("scope_attributes", JSON),
+        Column("scope_schema_url", pa.string()),
+    )
+
+
+SPANS = Layout(
+    "spans",
+    (
+        Column("trace_id", pa.string(), "32 lowercase hex", not_null=True),
+        Column("span_id", pa.string(), "16 lowercase hex", not_null=True),
+        Column("parent_span_id", pa.string(), "NULL for a root span"),
+        Column("trace_state", pa.string()),
+        Column("flags", pa.uint32()),
+        Column("name", pa.string()),
+        Column(
+            "kind",
+            pa.int8(),
+            "OTLP SpanKind: 0 unspecified, 1 internal, 2 server, 3 client, 4 producer, 5 consumer",
+        ),
+        Column("start_time_unix_nano", pa.uint64()),
+        Column("end_time_unix_nano", pa.uint64()),
+        Column(
+            "attributes",
+            JSON,
+            "every attribute but the content ones; with content_attributes, all the span's attributes",
+        ),
+        Column(
+            "content_attributes",
+            JSON,
+            "the attributes carrying a call's content (messages, request and response bodies, tool"
+            " definitions: otel_rl/collector/flatten.py CONTENT_ATTRIBUTES), NULL when none",
+        ),
+        Column("dropped_attributes_count", pa.uint32()),
+        Column("events", JSON, '[{"time_unix_nano", "name", "attributes", "dropped_attributes_count"}]'),
+        Column("dropped_events_count", pa.uint32()),
+        Column(
+            "links",
+            JSON,
+            '[{"trace_id", "span_id", "trace_state", "attributes", "dropped_attributes_count", "flags"}]',
+        ),
+        Column("dropped_links_count", pa.uint32()),
+        Column("status_code", pa.int8(), "0 unset, 1 ok, 2 error"),
+        Column("status_message", pa.string()),
+        *_origin(),
+        _received_at(),
+        _commit_seq(),
+    ),
+)
+
+CALL_TOKENS = Layout(
+    "call_tokens",
+    (
+        Column("trace_id", pa.string(), "its span's", not_null=True),
+        Column("span_id", pa.string(), "its span's", not_null=True),
+        Column("prompt_token_ids", pa.list_(pa.int32()), "otel_rl.prompt_token_ids, decoded at ingest"),
+        Column("choice_token_ids", pa.list_(pa.list_(pa.int32())), "one list per choice, by choice index"),
+        Column(
+            "choice_logprobs",
+            pa.list_(pa.list_(pa.float32())),
+            "sampled-token logprobs, aligned with choice_token_ids",
+        ),
+        Column("received_at", RECEIVED_AT, "as its span's"),
+        _commit_seq(),
+    ),
+)
+
+LOGS = Layout(
+    "logs",
+    (
+        Column(
+            "content_key",
+            pa.string(),
+            "hash of the record with its resource and scope: the dedup key",
+            not_null=True,
+        ),
+        Column("seq", pa.uint64(), "ingest order (records of one request keep their order)"),
+        Column("time_unix_nano", pa.uint64(), "0 when the exporter sent none (common: use observed time)"),
+        Column("observed_time_unix_nano", pa.uint64()),
+        Column("severity_number", pa.int32()),
+        Column("severity_text", pa.string()),
+        Column("event_name", pa.string()),
+        Column("body", JSON),
+        Column("attributes", JSON),
+        Column("dropped_attributes_count", pa.uint32()),
+        Column("flags", pa.uint32()),
+        Column("trace_id", pa.string(), "NULL when absent"),
+        Column("span_id", pa.string(), "NULL when absent"),
+        *_origin(),
+        _received_at(),
+        _commit_seq(),
+    ),
+)
+
+METRIC_POINTS = Layout(
+    "metric_points",
+    (
+        Column(
+            "content_key", pa.string(), "hash of the point with its metric, resource and scope", not_null=True
+        ),
+        Column("metric_name", pa.string()),
+        Column("description", pa.string()),
+        Column("unit", pa.string()),
+        Column("metric_metadata", JSON),
+        Column("type", pa.string(), "gauge | sum | histogram | exponential_histogram | summary"),
+        Column("aggregation_temporality", pa.int8()),
+        Column("is_monotonic", pa.bool_()),
+        Column("start_time_unix_nano", pa.uint64()),
+        Column("time_unix_nano", pa.uint64()),
+        Column("attributes", JSON),
+        Column("value", pa.float64(), "gauge / sum points"),
+        Column("count", pa.uint64(), "histogram / summary points"),
+        Column("sum", pa.float64()),
+        Column("min", pa.float64()),
+        Column("max", pa.float64()),
+        Column("point", JSON, "the whole data point (buckets, quantiles, exemplars, flags)"),
+        *_origin(dropped_resource=False),
+        _received_at(),
+    ),
+)
+
+ROLLOUT_KEYS = Layout(
+    "rollout_keys",
+    (
+        Column("key_hash", pa.string(), "sha256 of the key: the key itself is never stored", not_null=True),
+        Column("rollout_id", pa.string(), not_null=True),
+        Column("created_at", RECEIVED_AT, not_null=True),
+    ),
+)
+
+RAW_TABLES = (SPANS, CALL_TOKENS, LOGS, METRIC_POINTS)
+LAYOUTS = {layout.table: layout for layout in (*RAW_TABLES, ROLLOUT_KEYS)}

@@ -1,0 +1,293 @@
+"""The normalized tables, maintained as data arrives: the views' own SQL, run over each newly committed
+stretch of raw rows and everything they may change, in a scratch database beside the store.
+
+Every raw row carries the commit that wrote it (`commit_seq`). A round takes the commits since the last round
+(the delta) and their scope: the traces, rollouts and coding-CLI sessions the delta's rows name, closed over
+what stored rows name together (a rollout's traces, a trace's rollouts, a session's traces...). Each view's
+rows for a trace depend only on raw rows of that closure (rollout identity is placed within a trace and a
+rollout, calls are deduplicated within one, rewards and tool results are matched within one), so the views
+computed over the scope's raw rows alone equal the views over the whole store for the scope's keys. The
+round copies those rows into the scratch database (which holds the same views, the normalized ones as tables
+filled in file order), then replaces the scope's rows of each normalized table in the store, in one
+transaction with the watermark. Late data is handled by construction: a parent span, a log record or a reward
+arriving after the rest re-normalizes its whole scope.
+
+Costs follow the delta, not the store: raw rows are found by commit (DuckDB skips row groups by their
+`commit_seq` min/max), through `normalized.keys` (one row per commit and trace, rollout or session named), and
+a scope's old rows are deleted from the commit they were last written at (`normalized_commit`) on.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+
+import duckdb
+
+from otel_rl.store.connection import CATALOG
+from otel_rl.store.definitions import NORMALIZED, SqlFile
+
+log = logging.getLogger(__name__)
+
+SCRATCH = "otel_rl_normalize"  # the in-memory database the rounds compute in
+STORE = f"{CATALOG}.main"
+STATE = f"{CATALOG}.normalized"
+HIDDEN = "normalized_commit"  # the commit each normalized row was written at (not in the public views)
+RAW = ("spans", "call_tokens", "logs")
+ROUND_ROWS = 200_000  # raw rows a round takes at most from the delta (catching up runs several rounds)
+MAX_CLOSURE_STEPS = 64  # scopes chain through shared names; a longer chain is an error, not a hang
+SCOPE_TABLES = (
+    ("trace_id", "scope_traces"),
+    ("rollout_id", "scope_rollouts"),
+    ("session_id", "scope_sessions"),
+)
+STATE_SQL = f"""
+CREATE SCHEMA IF NOT EXISTS {STATE};
+CREATE TABLE IF NOT EXISTS {STATE}.keys (    -- what each commit's rows name: how scopes are closed and found
+    commit_seq UBIGINT NOT NULL,
+    trace_id   VARCHAR,
+    rollout_id VARCHAR,
+    session_id VARCHAR
+);
+CREATE TABLE IF NOT EXISTS {STATE}.state (   -- one row: normalized through this commit, by these definitions
+    through     UBIGINT NOT NULL,
+    fingerprint VARCHAR NOT NULL
+);
+CREATE TABLE IF NOT EXISTS {STATE}.skipped ( -- commits whose rows the views could not normalize, and why
+    commit_seq UBIGINT NOT NULL,
+    error      VARCHAR NOT NULL,
+    skipped_at TIMESTAMPTZ NOT NULL
+);
+"""
+# The rollout a row names (own attributes first, as span_identity and reward_records read it) and the coding-
+# CLI session a log record belongs to (as harness_sessions reads it); a text test before any parse.
+NAMED_ROLLOUT = (
+    "CASE WHEN contains(attributes::VARCHAR, '\"otel_rl.rollout.id\"')"
+    " OR contains(resource_attributes::VARCHAR, '\"otel_rl.rollout.id\"')"
+    " THEN coalesce(attributes ->> 'otel_rl.rollout.id', resource_attributes ->> 'otel_rl.rollout.id') END"
+)
+SESSION = (
+    "CASE WHEN contains(attributes::VARCHAR, '\"conversation.id\"')"
+    " OR contains(attributes::VARCHAR, '\"session.id\"')"
+    " THEN coalesce(attributes ->> 'conversation.id', attributes ->> 'session.id') END"
+)
+
+
+class NormalizeError(RuntimeError):
+    """A round could not normalize its rows (the message says which commits and why)."""
+
+
+@dataclass(frozen=True)
+class Round:
+    """One round's figures, for logs and metrics."""
+
+    through: int
+    commits: int
+    rows: int
+    scope_traces: int
+    seconds: float
+
+
+# ---------------------------------------------------------------- the scratch database
+
+
+def build_scratch(
+    con: duckdb.DuckDBPyConnection, files: list[SqlFile]
+) -> tuple[dict[str, str], dict[str, str]]:
+    """(Re)create the scratch database: the raw tables (empty), the scope tables, and every view of `files`,
+    the normalized ones as tables. Returns each normalized table's fill statement, and each file's error
+    (the rest of a file is skipped after a statement fails, as the store skips it)."""
+    con.execute(f"DETACH DATABASE IF EXISTS {SCRATCH}")
+    con.execute(f"ATTACH ':memory:' AS {SCRATCH}")
+    con.execute(f"USE {SCRATCH}")
+    try:
+        for table in RAW:
+            con.execute(f"CREATE TABLE {table} AS FROM {STORE}.{table} LIMIT 0")
+        con.execute(
+            "CREATE TABLE delta_keys (commit_seq UBIGINT, trace_id VARCHAR, rollout_id VARCHAR,"
+            " session_id VARCHAR); CREATE TABLE scope_traces (trace_id VARCHAR);"
+            " CREATE TABLE scope_rollouts (rollout_id VARCHAR);"
+            " CREATE TABLE scope_sessions (session_id VARCHAR);"
+        )
+        fills: dict[str, str] = {}
+        errors: dict[str, str] = {}
+        for file in files:
+            try:
+                for statement in file.statements:
+                    if statement.normalized:
+                        definition = f"SELECT * FROM ({statement.definition})"
+                        con.execute(f"CREATE TABLE {statement.view} AS {definition} LIMIT 0")
+                        fills[statement.view] = f"INSERT INTO {statement.view} {definition}"
+                    else:
+                        con.execute(statement.sql)
+            except duckdb.Error as exc:
+                errors[file.name] = str(exc)
+    finally:
+        con.execute(f"USE {CATALOG}")
+    return fills, errors
+
+
+def create_normalized_tables(con: duckdb.DuckDBPyConnection, names: list[str], *, rebuild: bool) -> None:
+    """The store's normalized tables `names`, shaped as the scratch's (plus `normalized_commit`); with
+    `rebuild`, emptied with the keys and the watermark: the next rounds normalize every commit again."""
+    if rebuild:
+        for name in NORMALIZED:
+            con.execute(f"DROP TABLE IF EXISTS {STATE}.{name}")
+    for name in names:
+        con.execute(
+            f"CREATE TABLE IF NOT EXISTS {STATE}.{name} AS"
+            f" SELECT *, 0::UBIGINT AS {HIDDEN} FROM {SCRATCH}.main.{name} LIMIT 0"
+        )
+    if rebuild:
+        con.execute(f"DELETE FROM {STATE}.keys; DELETE FROM {STATE}.skipped; DELETE FROM {STATE}.state")
+
+
+def public_view_sql(name: str) -> str:
+    """The view users read a normalized table through (without the bookkeeping column)."""
+    return f"CREATE OR REPLACE VIEW {name} AS SELECT * EXCLUDE ({HIDDEN}) FROM normalized.{name}"
+
+
+def read_state(con: duckdb.DuckDBPyConnection) -> tuple[int, str | None]:
+    """(normalized through, by which definitions' fingerprint); (0, None) before any round."""
+    row = con.execute(f"SELECT through, fingerprint FROM {STATE}.state").fetchone()
+    return (int(row[0]), row[1]) if row else (0, None)
+
+
+def write_state(con: duckdb.DuckDBPyConnection, through: int, fingerprint: str) -> None:
+    con.execute(f"DELETE FROM {STATE}.state")
+    con.execute(f"INSERT INTO {STATE}.state VALUES (?, ?)", [through, fingerprint])
+
+
+# ---------------------------------------------------------------- one round
+
+
+def run_round(
+    con: duckdb.DuckDBPyConnection,
+    fills: dict[str, str],
+    *,
+    since: int,
+    until: int,
+    skipped: frozenset[int],
+    fingerprint: str,
+) -> Round:
+    """Normalize the commits in (since, until] (but `skipped`) and their scopes; commit it with the watermark.
+
+    `con` is a cursor of its own (the normalizer's thread); the scratch database is emptied first.
+    """
+    started = time.perf_counter()
+    con.execute(f"USE {SCRATCH}")
+    for table in (*RAW, *fills, "delta_keys", "scope_traces", "scope_rollouts", "scope_sessions"):
+        con.execute(f"DELETE FROM {table}")
+    not_skipped = f" AND commit_seq NOT IN {_int_list(skipped)}" if skipped else ""
+    delta = f"commit_seq > {since} AND commit_seq <= {until}{not_skipped}"
+    for table in RAW:
+        con.execute(f"INSERT INTO {table} SELECT * FROM {STORE}.{table} WHERE {delta}")
+    con.execute(
+        f"INSERT INTO delta_keys SELECT DISTINCT commit_seq, trace_id, {NAMED_ROLLOUT}, NULL FROM spans"
+        f" UNION SELECT DISTINCT commit_seq, trace_id, {NAMED_ROLLOUT}, {SESSION} FROM logs"
+    )
+    con.execute("DELETE FROM delta_keys WHERE trace_id IS NULL AND rollout_id IS NULL AND session_id IS NULL")
+    _close_scope(con)
+    old = _old_commits(con, skipped)
+    if old:
+        _load_old_rows(con, old)
+    (rows,) = con.execute("SELECT (SELECT count(*) FROM spans) + (SELECT count(*) FROM logs)").fetchone()
+    for fill in fills.values():
+        con.execute(fill)
+    lower = _oldest_written(con) if old else None
+    (traces,) = con.execute("SELECT count(*) FROM scope_traces").fetchone()
+    con.execute("BEGIN TRANSACTION")
+    try:
+        for name in fills:
+            owned = NORMALIZED[name]
+            if lower is not None:
+                con.execute(f"DELETE FROM {STATE}.{name} WHERE {HIDDEN} >= {lower} AND ({owned})")
+            new = _new_rows(name, owned, since)
+            con.execute(f"INSERT INTO {STATE}.{name} SELECT *, {until} FROM {name} WHERE {new}")
+        con.execute(f"INSERT INTO {STATE}.keys SELECT * FROM delta_keys")
+        write_state(con, until, fingerprint)
+        con.execute("COMMIT")
+    except Exception:
+        con.execute("ROLLBACK")
+        raise
+    finally:
+        con.execute(f"USE {CATALOG}")
+    commits = len({*range(since + 1, until + 1)} - skipped)
+    return Round(until, commits, int(rows), int(traces), time.perf_counter() - started)
+
+
+def _new_rows(name: str, owned: str, since: int) -> str:
+    """The scratch rows of a normalized table that the round writes: those its scope owns, and for `rewards`
+    the records placed nowhere (no trace, no rollout), written once: when their log record is in the delta."""
+    if name != "rewards":
+        return owned
+    delta_logs = f"SELECT seq FROM logs WHERE commit_seq > {since}"
+    return f"({owned}) OR (trace_id IS NULL AND rollout_id IS NULL AND seq IN ({delta_logs}))"
+
+
+def _close_scope(con: duckdb.DuckDBPyConnection) -> None:
+    """Fill the scope tables with the delta's names, then add what stored rows name together with them until
+    nothing is added: a rollout's traces, a trace's rollouts and sessions, a session's traces and rollouts."""
+    con.execute(
+        "INSERT INTO scope_traces SELECT DISTINCT trace_id FROM delta_keys WHERE trace_id IS NOT NULL;"
+        "INSERT INTO scope_rollouts SELECT DISTINCT rollout_id FROM delta_keys WHERE rollout_id IS NOT NULL;"
+        "INSERT INTO scope_sessions SELECT DISTINCT session_id FROM delta_keys WHERE session_id IS NOT NULL;"
+    )
+    keys = f"(SELECT * FROM {STATE}.keys UNION ALL SELECT * FROM delta_keys)"
+    linked = (
+        "trace_id IN (FROM scope_traces) OR rollout_id IN (FROM scope_rollouts)"
+        " OR session_id IN (FROM scope_sessions)"
+    )
+    for _ in range(MAX_CLOSURE_STEPS):
+        added = 0
+        for column, table in SCOPE_TABLES:
+            (n,) = con.execute(
+                f"INSERT INTO {table} SELECT DISTINCT {column} FROM {keys} WHERE {column} IS NOT NULL"
+                f" AND ({linked}) AND {column} NOT IN (FROM {table})"
+            ).fetchone()
+            added += n
+        if not added:
+            return
+    raise NormalizeError(f"the scope of these commits still grew after {MAX_CLOSURE_STEPS} steps")
+
+
+def _old_commits(con: duckdb.DuckDBPyConnection, skipped: frozenset[int]) -> list[int]:
+    """The stored commits (before the delta) holding rows of the scope."""
+    rows = con.execute(
+        f"SELECT DISTINCT commit_seq FROM {STATE}.keys WHERE trace_id IN (FROM scope_traces)"
+        " OR rollout_id IN (FROM scope_rollouts) OR session_id IN (FROM scope_sessions) ORDER BY 1"
+    ).fetchall()
+    return [commit for (commit,) in rows if commit not in skipped]
+
+
+def _load_old_rows(con: duckdb.DuckDBPyConnection, commits: list[int]) -> None:
+    """Copy the scope's rows of earlier commits into the scratch tables (an IN list of literal commits lets
+    DuckDB skip every other row group)."""
+    stored = f"commit_seq IN {_int_list(commits)}"
+    in_traces = "trace_id IN (FROM scope_traces)"
+    con.execute(f"INSERT INTO spans SELECT * FROM {STORE}.spans WHERE {stored} AND {in_traces}")
+    con.execute(f"INSERT INTO call_tokens SELECT * FROM {STORE}.call_tokens WHERE {stored} AND {in_traces}")
+    con.execute(
+        f"INSERT INTO logs SELECT * FROM {STORE}.logs WHERE {stored} AND ({in_traces}"
+        f" OR {NAMED_ROLLOUT} IN (FROM scope_rollouts) OR {SESSION} IN (FROM scope_sessions))"
+    )
+
+
+def _oldest_written(con: duckdb.DuckDBPyConnection) -> int | None:
+    """A commit at or before which no stored normalized row of the scope was written: each name's rows were
+    last written by a round that covered its newest stored commit."""
+    (lower,) = con.execute(
+        "SELECT min(newest) FROM ("
+        + " UNION ALL ".join(
+            f"SELECT max(commit_seq) AS newest FROM {STATE}.keys"
+            f" WHERE {column} IN (FROM {table}) GROUP BY {column}"
+            for column, table in SCOPE_TABLES
+        )
+        + ")"
+    ).fetchone()
+    return None if lower is None else int(lower)
+
+
+def _int_list(values: object) -> str:
+    return "(" + ", ".join(str(int(v)) for v in sorted(values)) + ")"

@@ -1,0 +1,240 @@
+"""When rounds run (normalize.py says what one does): a thread that follows the writer's commits, lets readers
+wait for the commits they saw, and keeps going past rows the views cannot normalize."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from datetime import UTC, datetime
+
+import duckdb
+
+from otel_rl.store import normalize
+from otel_rl.store.definitions import SqlFile, defined_normalized
+from otel_rl.store.normalize import RAW, ROUND_ROWS, STATE, STORE, NormalizeError, Round
+from otel_rl.store.sandbox import QueryInterrupted
+from otel_rl.store.writer import is_storage_failure
+
+log = logging.getLogger(__name__)
+
+RETRY_AFTER_S = 1.0  # after a round failed for the storage's sake (a full disk), before trying again
+# While no reader waits, a round starts at the earliest this long after the last one ended (at most): a
+# round's planning costs the same for one row as for thousands, so under steady ingest rounds grow rather
+# than take a core.
+MAX_GAP_S = 1.0
+Cursor = Callable[[], tuple[duckdb.DuckDBPyConnection, int]]  # a new cursor of the store, and its generation
+
+
+class NotNormalized(QueryInterrupted):
+    """The normalized tables did not catch up with the commits a read must see in time (HTTP 503)."""
+
+
+class Normalizer:
+    """Keeps the store's normalized tables caught up with its commits, in a thread of its own.
+
+    `committed(seq)` after each commit; `wait_for(seq, timeout_s)` blocks a reader until the tables include
+    commit `seq`; `close()` catches up, then stops.
+    """
+
+    def __init__(
+        self,
+        cursor: Cursor,  # a new cursor of the store, and its generation (a new one after each reopen)
+        files: list[SqlFile],
+        fingerprint: str,
+        *,
+        through: int,
+        committed: int,
+        fills: dict[str, str] | None = None,
+    ) -> None:
+        self._cursor = cursor
+        self._files = files
+        self._fingerprint = fingerprint
+        self._fills = fills  # built on the first round when the store did not build them at open
+        self._fills_generation = self._generation() if fills is not None else -1
+        self._broken = False  # the view definitions fail: no round can run until the store reopens
+        self._through = through
+        self._committed = committed
+        self._waiters = 0
+        self._closing = False
+        self._wake = threading.Condition()
+        self.failure: str | None = None  # why rounds fail now, until one succeeds
+        self.last_round: Round | None = None
+        self.rounds = 0
+        self.round_observers: list[Callable[[Round], None]] = []
+        self._skipped = self._read_skipped()
+        self._thread = threading.Thread(target=self._run, name="otel-rl-normalizer", daemon=True)
+        self._thread.start()
+
+    @property
+    def through(self) -> int:
+        """The last commit the normalized tables include."""
+        return self._through
+
+    @property
+    def lag(self) -> int:
+        """Commits written but not normalized yet."""
+        return max(0, self._committed - self._through)
+
+    def committed(self, seq: int) -> None:
+        """The writer committed `seq`: normalize it soon."""
+        with self._wake:
+            self._committed = max(self._committed, seq)
+            self._wake.notify_all()
+
+    def wait_for(self, seq: int, timeout_s: float | None) -> bool:
+        """Block until the normalized tables include commit `seq`; False when `timeout_s` passed first."""
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        with self._wake:
+            self._waiters += 1
+            self._wake.notify_all()  # a pause between rounds ends for a waiting reader
+            try:
+                while self._through < seq:
+                    left = None if deadline is None else deadline - time.monotonic()
+                    if left is not None and left <= 0:
+                        return False
+                    self._wake.wait(left)
+                return True
+            finally:
+                self._waiters -= 1
+
+    def close(self) -> None:
+        """Normalize every commit made so far, then stop."""
+        with self._wake:
+            self._closing = True
+            self._wake.notify_all()
+        self._thread.join()
+
+    # ---------------------------------------------------------------- the thread
+
+    def _run(self) -> None:
+        while True:
+            with self._wake:
+                while (self._committed <= self._through or self._broken) and not self._closing:
+                    self._wake.wait()
+                if self._committed <= self._through or self._broken:
+                    return  # closing, and caught up (or unable to)
+                gap = 0.0 if self.last_round is None else min(self.last_round.seconds, MAX_GAP_S)
+                if gap and not self._waiters and not self._closing:
+                    self._wake.wait(gap)  # ends early when a reader starts waiting
+            try:
+                self._round()
+            except Exception as exc:  # the thread must survive: readers would wait for ever
+                if self._closing:  # the next open goes on from the durable watermark
+                    log.error("normalizing stopped with the store, %d commits behind: %s", self.lag, exc)
+                    return
+                self._failed(exc)
+
+    def _round(self) -> None:
+        con, generation = self._cursor()
+        try:
+            if self._fills is None or generation != self._fills_generation:
+                self._fills, errors = normalize.build_scratch(con, self._files)
+                self._fills_generation = generation
+                self._check_fills(errors)
+            since = self._through
+            until = self._round_end(con, since)
+            try:
+                done = self._normalize(con, since, until)
+            except (duckdb.Error, NormalizeError) as exc:
+                if is_storage_failure(exc) or until == since + 1:
+                    raise
+                # Find the commit the views cannot normalize: one commit a round until it fails alone.
+                log.warning("normalizing commits %d-%d failed (%s): one by one now", since + 1, until, exc)
+                done = self._normalize(con, since, since + 1)
+        finally:
+            con.close()
+        if self.failure is not None:
+            log.warning("normalizing works again (after: %s)", self.failure)
+            self.failure = None
+        self._done(done)
+
+    def _check_fills(self, errors: dict[str, str]) -> None:
+        """Refuse rounds with view definitions that fail (the SQL must be fixed, then the store reopened)."""
+        missing = [name for name in defined_normalized(self._files) if name not in (self._fills or {})]
+        if not missing:
+            return
+        self._broken = True
+        causes = "; ".join(f"{file}: {error}" for file, error in errors.items())
+        raise NormalizeError(f"the normalized views {', '.join(missing)} cannot be created ({causes})")
+
+    def _normalize(self, con: duckdb.DuckDBPyConnection, since: int, until: int) -> Round:
+        try:
+            return normalize.run_round(
+                con,
+                self._fills,
+                since=since,
+                until=until,
+                skipped=self._skipped,
+                fingerprint=self._fingerprint,
+            )
+        except (duckdb.Error, NormalizeError) as exc:
+            if until != since + 1 or is_storage_failure(exc):
+                raise
+            # This commit's rows make the views fail: keep them (raw), skip them, say so, and go on.
+            log.error("commit %d cannot be normalized, its rows stay in the raw tables only: %s", until, exc)
+            self._skip(con, until, str(exc))
+            return normalize.run_round(
+                con,
+                self._fills,
+                since=since,
+                until=until,
+                skipped=self._skipped,
+                fingerprint=self._fingerprint,
+            )
+
+    def _round_end(self, con: duckdb.DuckDBPyConnection, since: int) -> int:
+        """The last commit of the next round: every commit made, or fewer when they hold over ROUND_ROWS
+        rows."""
+        committed = self._committed
+        sizes = con.execute(
+            "SELECT commit_seq, count(*) FROM ("
+            + " UNION ALL ".join(
+                f"SELECT commit_seq FROM {STORE}.{table}"
+                f" WHERE commit_seq > {since} AND commit_seq <= {committed}"
+                for table in RAW
+            )
+            + ") GROUP BY 1 ORDER BY 1"
+        ).fetchall()
+        total = 0
+        for commit, rows in sizes:
+            total += rows
+            if total > ROUND_ROWS and commit > sizes[0][0]:
+                return int(commit) - 1
+        return committed
+
+    def _done(self, done: Round) -> None:
+        self.last_round = done
+        self.rounds += 1
+        with self._wake:
+            self._through = done.through
+            self._wake.notify_all()
+        for observe in self.round_observers:
+            observe(done)
+
+    def _failed(self, exc: Exception) -> None:
+        """Say why (once per outage), then wait a little before the next try."""
+        if self.failure is None:
+            log.error("normalizing the store's new rows fails (raw rows are kept; readers wait): %s", exc)
+        self.failure = f"normalizing new rows fails: {exc}"
+        with self._wake:
+            self._wake.wait(RETRY_AFTER_S)
+
+    def _skip(self, con: duckdb.DuckDBPyConnection, commit: int, error: str) -> None:
+        con.execute(
+            f"INSERT INTO {STATE}.skipped VALUES (?, ?, ?)", [commit, error[:2000], datetime.now(UTC)]
+        )
+        self._skipped = self._skipped | {commit}
+
+    def _generation(self) -> int:
+        con, generation = self._cursor()
+        con.close()
+        return generation
+
+    def _read_skipped(self) -> frozenset[int]:
+        con, _ = self._cursor()
+        try:
+            return frozenset(c for (c,) in con.execute(f"SELECT commit_seq FROM {STATE}.skipped").fetchall())
+        finally:
+            con.close()
