@@ -167,8 +167,17 @@ def create_app(settings: ServeSettings):  # noqa: ANN201 - FastAPI, imported laz
 
     @app.get("/healthz", tags=["health"])
     def healthz() -> dict:
-        # `writes`: why the store refuses writes now (a full disk), else null
-        return {"status": "ok", "db": str(store.path), "views": store.views, "writes": store.write_failure}
+        # `writes`: why the store refuses writes now (a full disk), else null; `normalized`: how far the
+        # normalized tables are behind the raw ones, and why rounds fail (else null)
+        normalizer = store.normalizer
+        normalized = {"through": normalizer.through, "lag": normalizer.lag, "failure": normalizer.failure}
+        return {
+            "status": "ok",
+            "db": str(store.path),
+            "views": store.views,
+            "writes": store.write_failure,
+            "normalized": normalized,
+        }
 
     return app
 

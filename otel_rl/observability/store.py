@@ -18,8 +18,9 @@ log = logging.getLogger(__name__)
 # DuckDB's own row counts (kept per table, exact without deletes): a scrape reads no rows.
 _ROWS_SQL = (
     "SELECT table_name, estimated_size FROM duckdb_tables() "
-    f"WHERE database_name = '{CATALOG}' AND schema_name = 'main' ORDER BY table_name"
+    f"WHERE database_name = '{CATALOG}' AND schema_name IN ('main', 'normalized') ORDER BY table_name"
 )
+ROUND_BUCKETS_S = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
 COMMIT_BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 
@@ -41,7 +42,15 @@ class StoreMetrics(Collector):
             buckets=BATCH_BUCKETS,
             registry=None,
         )
+        self.round_seconds = Histogram(
+            "otel_rl_store_normalize_round_duration_seconds",
+            "Time of one normalization round: the views' SQL over new commits and their scope, replaced in the"
+            " normalized tables.",
+            buckets=ROUND_BUCKETS_S,
+            registry=None,
+        )
         store.writer.commit_observers.append(self._observe)
+        store.normalizer.round_observers.append(lambda done: self.round_seconds.observe(done.seconds))
 
     def _observe(self, seconds: float, batches: int) -> None:
         self.commit_seconds.observe(seconds)
@@ -50,7 +59,29 @@ class StoreMetrics(Collector):
     def collect(self) -> Iterator[Metric]:
         yield from self.commit_seconds.collect()
         yield from self.commit_batches.collect()
-        store, writer = self.store, self.store.writer
+        yield from self.round_seconds.collect()
+        store, writer, normalizer = self.store, self.store.writer, self.store.normalizer
+        yield GaugeMetricFamily(
+            "otel_rl_store_normalize_lag_commits",
+            "Commits written but not in the normalized tables yet (queries of them wait for it).",
+            value=normalizer.lag,
+        )
+        yield CounterMetricFamily(
+            "otel_rl_store_normalized_rows",
+            "Raw rows normalized (with their scopes' earlier rows).",
+            value=normalizer.rows,
+        )
+        yield GaugeMetricFamily(
+            "otel_rl_store_normalize_failing",
+            "1 while normalization rounds fail (raw rows are kept; queries of the normalized tables wait).",
+            value=float(normalizer.failure is not None),
+        )
+        yield GaugeMetricFamily(
+            "otel_rl_store_normalize_skipped_commits",
+            "Commits whose rows the views could not normalize (kept in the raw tables; see `otel-rl store"
+            " check`).",
+            value=len(normalizer.skipped),
+        )
         yield CounterMetricFamily("otel_rl_store_commits", "Group commits so far.", value=writer.commits)
         yield GaugeMetricFamily(
             "otel_rl_store_write_queue_bytes",

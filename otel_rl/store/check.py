@@ -9,7 +9,8 @@ import duckdb
 
 from otel_rl.store import wal
 from otel_rl.store.connection import CATALOG, connect
-from otel_rl.store.store import default_transforms_dir
+from otel_rl.store.normalize import STATE, read_state
+from otel_rl.store.schema import default_transforms_dir, last_commit
 
 
 @dataclass
@@ -64,6 +65,7 @@ def check_store(db: Path, *, transforms_dir: Path | None = None) -> CheckReport:
     with con:
         report.rows = _row_counts(con)
         report.lines.extend(f"table {name}: {rows} rows" for name, rows in report.rows.items())
+        report.lines.extend(_normalized_state(con))
         report.views = _views_bind(con, transforms_dir or default_transforms_dir())
     for file, error in report.views.items():
         if error:
@@ -87,12 +89,35 @@ def _open_read_only(db: Path) -> duckdb.DuckDBPyConnection:
 
 
 def _row_counts(con: duckdb.DuckDBPyConnection) -> dict[str, int]:
+    """Rows of every table: the main schema's by name, the normalized tables' as normalized.<name>."""
     tables = con.execute(
-        "SELECT table_name FROM duckdb_tables() WHERE database_name = ? ORDER BY 1", [CATALOG]
+        "SELECT schema_name, table_name FROM duckdb_tables() WHERE database_name = ? ORDER BY 1 DESC, 2",
+        [CATALOG],
     ).fetchall()
     return {
-        name: con.execute(f'SELECT count(*) FROM {CATALOG}.main."{name}"').fetchone()[0] for (name,) in tables
+        (name if schema == "main" else f"{schema}.{name}"): con.execute(
+            f'SELECT count(*) FROM {CATALOG}."{schema}"."{name}"'
+        ).fetchone()[0]
+        for schema, name in tables
     }
+
+
+def _normalized_state(con: duckdb.DuckDBPyConnection) -> list[str]:
+    """How far the normalized tables are, and the commits they skipped (their rows are in the raw tables)."""
+    try:
+        through, _ = read_state(con)
+        skipped = con.execute(f"SELECT commit_seq, error FROM {STATE}.skipped ORDER BY 1").fetchall()
+        last = last_commit(con)
+    except duckdb.CatalogException:
+        return ["no normalized tables yet: the server makes them when it next opens the store"]
+    behind = (
+        f", {last - through} behind: the server catches up when it next opens it" if last > through else ""
+    )
+    lines = [f"normalized tables: through commit {through} of {last}{behind}"]
+    lines += [
+        f"skipped commit {commit} (its rows are in the raw tables only): {error}" for commit, error in skipped
+    ]
+    return lines
 
 
 def _views_bind(con: duckdb.DuckDBPyConnection, transforms_dir: Path) -> dict[str, str | None]:

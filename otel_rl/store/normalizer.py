@@ -4,6 +4,7 @@ wait for the commits they saw, and keeps going past rows the views cannot normal
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 from collections.abc import Callable
@@ -24,6 +25,7 @@ RETRY_AFTER_S = 1.0  # after a round failed for the storage's sake (a full disk)
 # round's planning costs the same for one row as for thousands, so under steady ingest rounds grow rather
 # than take a core.
 MAX_GAP_S = 1.0
+NICE = 10  # the thread's scheduling priority (Linux nice value: higher is lower)
 Cursor = Callable[[], tuple[duckdb.DuckDBPyConnection, int]]  # a new cursor of the store, and its generation
 
 
@@ -59,9 +61,11 @@ class Normalizer:
         self._waiters = 0
         self._closing = False
         self._wake = threading.Condition()
+        self._in_round = threading.Lock()  # held through each round: see paused()
         self.failure: str | None = None  # why rounds fail now, until one succeeds
         self.last_round: Round | None = None
         self.rounds = 0
+        self.rows = 0  # raw rows the rounds read (a scope's earlier rows again each time it grows)
         self.round_observers: list[Callable[[Round], None]] = []
         self._skipped = self._read_skipped()
         self._thread = threading.Thread(target=self._run, name="otel-rl-normalizer", daemon=True)
@@ -71,6 +75,11 @@ class Normalizer:
     def through(self) -> int:
         """The last commit the normalized tables include."""
         return self._through
+
+    @property
+    def skipped(self) -> frozenset[int]:
+        """Commits whose rows the views could not normalize (their rows stay in the raw tables)."""
+        return self._skipped
 
     @property
     def lag(self) -> int:
@@ -99,6 +108,10 @@ class Normalizer:
             finally:
                 self._waiters -= 1
 
+    def paused(self) -> threading.Lock:
+        """Held, no round runs (its cursor is closed): the store reopens its connection under it."""
+        return self._in_round
+
     def close(self) -> None:
         """Normalize every commit made so far, then stop."""
         with self._wake:
@@ -109,6 +122,9 @@ class Normalizer:
     # ---------------------------------------------------------------- the thread
 
     def _run(self) -> None:
+        # Below ingest in the OS's eyes: exports are answered first, normalizing takes the cores they leave
+        # (DuckDB runs a statement on the thread that calls it: one thread per connection, see connect()).
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), NICE)
         while True:
             with self._wake:
                 while (self._committed <= self._through or self._broken) and not self._closing:
@@ -127,6 +143,10 @@ class Normalizer:
                 self._failed(exc)
 
     def _round(self) -> None:
+        with self._in_round:
+            self._round_on_cursor()
+
+    def _round_on_cursor(self) -> None:
         con, generation = self._cursor()
         try:
             if self._fills is None or generation != self._fills_generation:
@@ -207,6 +227,7 @@ class Normalizer:
     def _done(self, done: Round) -> None:
         self.last_round = done
         self.rounds += 1
+        self.rows += done.rows
         with self._wake:
             self._through = done.through
             self._wake.notify_all()

@@ -114,10 +114,12 @@ class Store:
 
     def _reopen(self) -> duckdb.DuckDBPyConnection:
         """The writer's new connection after DuckDB invalidated the database (see GroupCommitWriter)."""
-        # Closed first: two DuckDB instances of one process must not hold the same file.
-        self._con.close()
-        self._con, _ = self._open()
-        self._generation += 1
+        # Closed first: two DuckDB instances of one process must not hold the same file. No normalization
+        # round may be using it meanwhile.
+        with self._normalizer.paused():
+            self._con.close()
+            self._con, _ = self._open()
+            self._generation += 1
         return cursor(self._con)
 
     def _normalizer_cursor(self) -> tuple[duckdb.DuckDBPyConnection, int]:
