@@ -44,8 +44,8 @@ class StoreMetrics(Collector):
         )
         self.round_seconds = Histogram(
             "otel_rl_store_normalize_round_duration_seconds",
-            "Time of one normalization round: the views' SQL over new commits and their scope, replaced in the"
-            " normalized tables.",
+            "Time of one normalization round: the views' SQL over new commits and their scope, replaced in"
+            " the normalized tables.",
             buckets=ROUND_BUCKETS_S,
             registry=None,
         )
