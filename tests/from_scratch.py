@@ -1,11 +1,23 @@
-"""The normalized tables of a store file against the views computed from scratch over its raw rows."""
+"""The views computed from scratch over raw rows (as the store computed them at query time before it
+maintained them), to hold the store's maintained tables against."""
 
 from pathlib import Path
+
+import duckdb
+import polars as pl
+import pyarrow as pa
 
 from otel_rl.store.connection import CATALOG, connect
 from otel_rl.store.definitions import NORMALIZED, read_definitions
 from otel_rl.store.layout import RAW_TABLES
 from otel_rl.store.schema import default_transforms_dir
+
+
+def create_views(con: duckdb.DuckDBPyConnection) -> None:
+    """Every view of transforms/*.sql, as a view, in `con`'s current database (its raw tables must exist)."""
+    for file in read_definitions(default_transforms_dir()):
+        for statement in file.statements:
+            con.execute(statement.sql)
 
 
 def differences(db: Path) -> dict[str, tuple[int, int]]:
@@ -16,9 +28,7 @@ def differences(db: Path) -> dict[str, tuple[int, int]]:
         con.execute("USE memory")
         for layout in RAW_TABLES:
             con.execute(f"CREATE VIEW {layout.table} AS FROM {CATALOG}.main.{layout.table}")
-        for file in read_definitions(default_transforms_dir()):
-            for statement in file.statements:
-                con.execute(statement.sql)
+        create_views(con)
         found = {}
         for name in NORMALIZED:
             stored, scratch = f"{CATALOG}.main.{name}", f"memory.main.{name}"
@@ -32,3 +42,18 @@ def differences(db: Path) -> dict[str, tuple[int, int]]:
         return found
     finally:
         con.close()
+
+
+class ScratchViews:
+    """The raw rows of a store (as read through any query function), in an in-memory DuckDB with the views
+    computed from scratch over them: `query(sql)` answers as the store answered before it kept tables."""
+
+    def __init__(self, raw: dict[str, pa.Table]) -> None:
+        self._con = duckdb.connect()
+        for name, rows in raw.items():
+            self._con.register(f"{name}_rows", rows)
+            self._con.execute(f"CREATE TABLE {name} AS FROM {name}_rows")
+        create_views(self._con)
+
+    def query(self, sql: str) -> pl.DataFrame:
+        return pl.from_arrow(self._con.sql(sql).to_arrow_table())

@@ -7,17 +7,19 @@ from pathlib import Path
 
 import polars as pl
 import pytest
+from from_scratch import ScratchViews
 from otel_rl_server import ServerProcess
 
 from otel_rl import attributes as attr
 from otel_rl.gateway.vllm import free_ports
 from otel_rl.query import sql_list
 from otel_rl.train.config import ConfigError, TrainConfig, config_from_dict
-from otel_rl.train.groups import final_attempts_only, oldest_versions, reusable_groups
+from otel_rl.train.groups import final_attempts_only, oldest_versions, read_groups, reusable_groups
 from otel_rl.train.online import run_online
 from otel_rl.train.records import StepRecord
 from otel_rl.train.server_client import OnlineTrainingError, ServerClient
 from otel_rl.train.tasks import read_tasks, task_for_group
+from otel_rl.transforms.samples import SampleOptions, build_samples
 
 
 def test_tasks_come_once_per_epoch_in_a_seeded_order(tmp_path):
@@ -142,6 +144,30 @@ def assert_trained_only_on_the_version_before(gateway: ServerProcess, steps: lis
         assert versions.to_pylist() == [step.policy_version - 1]
 
 
+def assert_same_samples_as_the_views_from_scratch(
+    gateway: ServerProcess, config: TrainConfig, steps: list[StepRecord]
+) -> None:
+    """Each step's samples, read as the loop reads them from the tables the store maintains, equal those of
+    the same reads over the views computed from scratch over the run's raw rows (how the store answered
+    before it maintained them): on the same recorded traffic, the same samples."""
+    scratch = ScratchViews(
+        {table: gateway.sql(f"SELECT * FROM {table}") for table in ("spans", "call_tokens", "logs")}
+    )
+    for step in steps:
+        options = SampleOptions(
+            reward=config.reward.spec(),
+            estimator=config.algorithm.advantage_estimator,
+            current_policy_version=step.policy_version - 1,
+            max_staleness=config.algorithm.max_staleness,
+        )
+        built = [
+            build_samples(*read_groups(query, step.group_ids), options=options)[0]
+            for query in (lambda sql: pl.from_arrow(gateway.sql(sql)), scratch.query)
+        ]
+        maintained, from_scratch = built
+        assert maintained.height == step.samples and maintained.equals(from_scratch)
+
+
 def recorded_versions(gateway: ServerProcess, run_id: str) -> list[tuple[str, int]]:
     """The run's step and eval spans in the store, in order: (span name, policy version)."""
     recorded = gateway.sql(
@@ -188,6 +214,7 @@ def test_two_online_steps_advance_the_policy_and_use_no_stale_sample(gateway, ti
 
     # Calls of both versions are in the store.
     assert_trained_only_on_the_version_before(gateway, steps)
+    assert_same_samples_as_the_views_from_scratch(gateway, config(2), steps)
     v = start_version
     assert recorded_versions(gateway, first.run_id) == [
         (attr.TRAIN_EVAL_SPAN_NAME, v + 1),

@@ -56,7 +56,9 @@ class Normalizer:
         self._fills = fills  # built on the first round when the store did not build them at open
         self._fills_generation = self._generation() if fills is not None else -1
         self._broken = False  # the view definitions fail: no round can run until the store reopens
-        self._through = through
+        # A store whose SQL defines no normalized view (a bench's raw store) has nothing to maintain.
+        self._maintains = bool(defined_normalized(files))
+        self._through = through if self._maintains else committed
         self._committed = committed
         self._waiters = 0
         self._closing = False
@@ -90,6 +92,8 @@ class Normalizer:
         """The writer committed `seq`: normalize it soon."""
         with self._wake:
             self._committed = max(self._committed, seq)
+            if not self._maintains:
+                self._through = self._committed
             self._wake.notify_all()
 
     def wait_for(self, seq: int, timeout_s: float | None) -> bool:

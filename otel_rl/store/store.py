@@ -193,9 +193,17 @@ class Store:
         """One user statement to `run()` in the sandbox, which another thread may `stop()`. It runs once the
         normalized tables include every commit made before it started (unless it reads raw tables only)."""
         query = UserQuery(self._con, sql, max_result_bytes=max_result_bytes, timeout_s=timeout_s)
-        if not reads_raw_tables_only(self._con, sql):
-            query.before_run = partial(self.wait_normalized, timeout_s)
+        query.before_run = partial(self._wait_unless_raw, sql, timeout_s)
         return query
+
+    def _wait_unless_raw(self, sql: str, timeout_s: float | None) -> None:
+        parser = cursor(self._con)  # a cursor of its own: a DuckDB connection serves one thread at a time
+        try:
+            raw = reads_raw_tables_only(parser, sql)
+        finally:
+            parser.close()
+        if not raw:
+            self.wait_normalized(timeout_s)
 
     def wait_normalized(self, timeout_s: float | None = None) -> None:
         """Block until the normalized tables include every commit made so far; NotNormalized after
