@@ -55,7 +55,7 @@ CREATE OR REPLACE MACRO step_convention(a) AS CASE
 END;
 
 CREATE OR REPLACE VIEW step_spans AS
-WITH candidates AS (
+WITH candidates AS MATERIALIZED (  -- parsed once: a filter on the struct would parse it again for each field read
     SELECT *, step_attributes_of(attributes) AS a
     FROM spans
     -- a text test first: only spans that may be steps have their attributes parsed
