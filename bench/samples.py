@@ -6,8 +6,9 @@ collector path, then read back through the views and turned into padded arrays, 
 path is timed separately against the tokenizer's own batch-encode rate. Times are CPU seconds of this process
 pinned to one core, so that other work on a shared machine does not skew them.
 
-Also: an online step's reads (8 groups' calls and rewards) with older copies of the rollouts stored under
-them, through the whole store's views and through the views of a window of it (otel_rl/store/window.py).
+Also: an online step's read (train/groups.py read_groups: 8 groups' final attempts, their gateway calls from
+`llm_calls` and rewards from `rewards`, bounded by the attempts' start), with older copies of the rollouts
+stored under them, against the same read over a store holding only the step's rollouts.
 
 Usage: python bench/samples.py [--rollouts 512] [--turns 8] [--retok-rollouts 64] [--history 3]
 """
@@ -17,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
 import tempfile
 import time
 from dataclasses import dataclass
@@ -28,7 +30,6 @@ import polars as pl
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
 from opentelemetry.proto.trace.v1.trace_pb2 import Span, Status
-from otel_rl.store.window import StoreWindow
 from rich.console import Console
 from rich.progress import track
 from rich.table import Table
@@ -36,9 +37,9 @@ from rich.table import Table
 from otel_rl import attributes as names
 from otel_rl.collector.ingest import ingest_logs, ingest_traces
 from otel_rl.collector.rewards import RewardIn, reward_log_request
-from otel_rl.query import sql_list
 from otel_rl.store import Store
-from otel_rl.train.groups import WINDOW_SLACK_NS
+from otel_rl.store.connection import connect
+from otel_rl.train.groups import read_groups
 from otel_rl.transforms.export import pad, to_dataproto
 from otel_rl.transforms.merge import flat_lists
 from otel_rl.transforms.samples import SampleOptions, build_samples, load_inputs
@@ -286,33 +287,28 @@ def timed_retokenized(db: Path, tokenizer) -> dict[str, float]:
     }
 
 
-def timed_step_reads(db: Path, groups: list[str], since_ns: int, repeats: int) -> dict[str, float]:
-    """An online step's reads (8 groups' gateway calls and rewards): over the whole store's views, and over
-    the views of a window of it (the rows since the step's rollouts started), best-of-`repeats` CPU s."""
-    con = duckdb.connect(str(db), read_only=True, config={"threads": "1"})
+def timed_step_read(db: Path, groups: list[str], repeats: int) -> dict[str, float]:
+    """An online step's read of 8 groups (read_groups, the statements the trainer sends the server), through a
+    read-only connection of the store (one DuckDB thread), best-of-`repeats` CPU s; the rows it read."""
+    con = connect(db, read_only=True)
 
     def run(sql: str) -> pl.DataFrame:
         return pl.from_arrow(con.sql(sql).to_arrow_table())
 
-    in_groups = f"group_id IN {sql_list(groups)}"
-    calls = f"SELECT * FROM gateway_call_tokens WHERE {in_groups} ORDER BY span_id"
-    rollout_ids = run(f"SELECT DISTINCT rollout_id FROM gateway_call_tokens WHERE {in_groups}")["rollout_id"]
-    rewards = f"SELECT * FROM rewards WHERE rollout_id IN {sql_list(rollout_ids.to_list())}"
-    window = StoreWindow()
-    best = {"whole": float("inf"), "window": float("inf")}
+    best = float("inf")
     for _ in range(repeats):
         start = time.process_time()
-        whole_rows = (run(calls), run(rewards))
-        best["whole"] = min(best["whole"], time.process_time() - start)
-        start = time.process_time()
-        window.load(run, since_ns)
-        window_rows = (window.query(calls), window.query(rewards))
-        best["window"] = min(best["window"], time.process_time() - start)
-    best["same"] = all(a.equals(b) for a, b in zip(whole_rows, window_rows, strict=True))
-    best["spans"] = con.execute("SELECT count(*) FROM spans").fetchall()[0][0]
-    best["window_spans"] = window.query("SELECT count(*) AS n FROM spans")["n"].item()
+        calls, rollouts, rewards = read_groups(run, groups)
+        best = min(best, time.process_time() - start)
+    ((spans,),) = con.execute("SELECT count(*) FROM spans").fetchall()
     con.close()
-    return best
+    return {
+        "seconds": best,
+        "calls": calls.height,
+        "rollouts": rollouts.height,
+        "rewards": rewards.height,
+        "spans": spans,
+    }
 
 
 def main() -> None:
@@ -326,7 +322,7 @@ def main() -> None:
     )
     args = parser.parse_args()
     os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})  # one core, as the targets say
-    console = Console()
+    console = Console(width=None if sys.stdout.isatty() else 150)
     rng = np.random.default_rng(0)
     rollouts = [(f"r{i:05d}", f"g{i // 8:04d}", rollout_calls(rng, args.turns)) for i in range(args.rollouts)]
 
@@ -347,8 +343,9 @@ def main() -> None:
         retok = timed_retokenized(retok_db, build_tokenizer())
 
         # An online run: the rollouts as steps of 8 groups, an hour apart, after `history` older copies of
-        # them (oldest first, as a store fills); the last step's reads.
-        steps_db = Path(tmp) / "steps.duckdb"
+        # them (oldest first, as a store fills); the last step's read. The floor: the same read over a store
+        # holding only that step's rollouts.
+        steps_db, step_only_db = Path(tmp) / "steps.duckdb", Path(tmp) / "step-only.duckdb"
         step_size = 64
         with Store(steps_db) as store:
             for copy in range(args.history, -1, -1):
@@ -357,10 +354,16 @@ def main() -> None:
                     step = rollouts[first : first + step_size]
                     chunk = [(f"h{copy}-{r}", f"h{copy}-{g}", c) for r, g, c in step]
                     fill_store(store, chunk, with_ids=True, t0=T0 - age * HOUR_NS)
-        last_step = {group for _, group, _ in chunk}
-        steps = timed_step_reads(steps_db, sorted(last_step), T0 - WINDOW_SLACK_NS, args.repeats)
+        with Store(step_only_db) as store:
+            fill_store(store, chunk, with_ids=True, t0=T0)
+        last_step = sorted({group for _, group, _ in chunk})
+        steps = timed_step_read(steps_db, last_step, args.repeats)
+        step_only = timed_step_read(step_only_db, last_step, args.repeats)
 
-    table = Table(title=f"store -> padded arrays, {args.rollouts} rollouts x {args.turns} turns, one core")
+    load = "load {:.2f} {:.2f} {:.2f}".format(*os.getloadavg())  # CPU s of one core: less moved by others
+    table = Table(
+        title=f"store -> padded arrays, {args.rollouts} rollouts x {args.turns} turns, one core ({load})"
+    )
     for column in ("path", "seconds", "tokens/s", "samples/s", "vs limit"):
         table.add_column(column, justify="left" if column == "path" else "right")
     tokens, n, limit = exact["sample_tokens"], exact["samples"], exact["limit"]
@@ -415,10 +418,11 @@ def main() -> None:
         f"{args.retok_rollouts} rollouts, calls {retok['token_sources']} (its tokens/s: tokens encoded)."
     )
     console.print(
-        f"online step reads (8 groups' gateway calls and rewards) with {args.history} older copies of the"
-        f" rollouts stored ({steps['spans']:,} spans): through the whole store's views"
-        f" {steps['whole']:.3f} s, through the views of a window of it {steps['window']:.3f} s"
-        f" ({steps['window_spans']:,} spans; same rows: {steps['same']})"
+        f"online step read (read_groups: {steps['rollouts']} rollouts, {steps['calls']} calls,"
+        f" {steps['rewards']} rewards) with {args.history} older copies of the rollouts stored"
+        f" ({steps['spans']:,} spans): {steps['seconds']:.3f} CPU s; floor, the same read over a store of"
+        f" only the step's rollouts ({step_only['spans']:,} spans): {step_only['seconds']:.3f} CPU s"
+        f" ({steps['seconds'] / step_only['seconds']:.2f}x)"
     )
     for aim, met in (
         (">= 2M tokens/s", tokens / exact["total"] >= 2e6),
