@@ -45,11 +45,11 @@ async def collect_batch(
     for _ in range(EMPTY_ROUNDS):
         show(f"collecting {config.algorithm.groups_per_step} groups")
         collect_started = time.monotonic()
-        groups, stale = await launcher.collect(version)
+        groups, stale, started_ns = await launcher.collect(version)
         stale_total += stale
         collected = time.monotonic()
         show("building samples")
-        samples, report = await asyncio.to_thread(group_samples, config, client, groups, version)
+        samples, report = await asyncio.to_thread(group_samples, config, client, groups, started_ns, version)
         transformed = time.monotonic()
         why = report.why_dropped(trust_setting)  # the senders' text: printed without rich markup
         if report.untrusted_rewards or not samples.height:
@@ -66,13 +66,13 @@ async def collect_batch(
 
 
 def group_samples(
-    config: TrainConfig, client: ServerClient, groups: list[str], version: int
+    config: TrainConfig, client: ServerClient, groups: list[str], started_ns: int | None, version: int
 ) -> tuple[pl.DataFrame, Any]:
-    """The samples of the groups' final attempts for an update of policy `version` (exact token ids: no
-    tokenizer needed)."""
+    """The samples of the groups' final attempts (the oldest started at `started_ns`, when known) for an
+    update of policy `version` (exact token ids: no tokenizer needed)."""
     from otel_rl.transforms.samples import SampleOptions, build_samples
 
-    calls, rollouts, rewards = read_groups(client.query, groups)
+    calls, rollouts, rewards = read_groups(client.query, groups, started_ns)
     options = SampleOptions(
         reward=config.reward.spec(),
         estimator=config.algorithm.advantage_estimator,

@@ -114,8 +114,10 @@ def attempt_progress_sql(attempt_ids: Sequence[str], since_ns: int) -> str:
     )
 
 
-def final_attempts_sql(group_ids: Sequence[str]) -> str:
-    """Per rollout of the groups: its final attempt as the controller recorded it, and when it started."""
+def final_attempts_sql(group_ids: Sequence[str], since_ns: int | None = None) -> str:
+    """Per rollout of the groups: its final attempt as the controller recorded it, and when it started. With
+    `since_ns` (before every final attempt's start), DuckDB skips the row groups written before."""
+    started = f"AND start_time_unix_nano >= {since_ns} " if since_ns is not None else ""
     return (
         f"SELECT attributes ->> '{attr.ROLLOUT_ID}' AS rollout_id, "
         f"arg_max(attributes ->> '{attr.ATTEMPT_ID}', start_time_unix_nano) AS final_attempt, "
@@ -124,14 +126,15 @@ def final_attempts_sql(group_ids: Sequence[str]) -> str:
         f"arg_max(attributes ->> '{attr.ROLLOUT_STATUS}', start_time_unix_nano) AS status, "
         "max(start_time_unix_nano) AS attempt_start_ns "
         f"FROM spans WHERE scope_name = '{attr.CONTROLLER_SCOPE}' AND name = '{attr.ROLLOUT_SPAN_NAME}' "
-        f"AND attributes ->> '{attr.GROUP_ID}' IN {sql_list(group_ids)} GROUP BY 1"
+        f"{started}AND attributes ->> '{attr.GROUP_ID}' IN {sql_list(group_ids)} GROUP BY 1"
     )
 
 
 def read_groups(
-    query: Callable[[str], pl.DataFrame], groups: Sequence[str]
+    query: Callable[[str], pl.DataFrame], groups: Sequence[str], started_ns: int | None = None
 ) -> tuple[pl.DataFrame, pl.DataFrame, pl.DataFrame]:
-    """The calls, rollouts and rewards of the groups' final attempts (`query` asks the server).
+    """The calls, rollouts and rewards of the groups' final attempts (`query` asks the server); `started_ns`:
+    when the oldest of those attempts started, when the caller knows it.
 
     Calls and rewards come from `llm_calls` and `rewards`, the views users query (tables the store keeps
     normalized). Everything read started or arrived after the oldest final attempt did: bounding the reads by
@@ -140,7 +143,8 @@ def read_groups(
     """
     from otel_rl.transforms.samples import CALL_COLUMNS
 
-    attempts = query(final_attempts_sql(groups))
+    bound = None if started_ns is None else started_ns - CLOCK_SLACK_NS
+    attempts = query(final_attempts_sql(groups, bound))
     rollouts = attempts.select(
         "rollout_id", pl.col("final_attempt").alias("attempt_id"), "group_id", "task_id", "status"
     )

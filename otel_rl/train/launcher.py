@@ -74,12 +74,14 @@ class GroupLauncher:
             self._outstanding += 1
         self._launching = asyncio.create_task(self._launch_groups(set(reused) | set(self.state.consumed)))
 
-    async def collect(self, version: int) -> tuple[list[str], int]:
-        """B finished groups whose spans are all in the store and none older than max_staleness; and how
-        many stale ones were dropped meanwhile."""
+    async def collect(self, version: int) -> tuple[list[str], int, int | None]:
+        """B finished groups whose spans are all in the store and none older than max_staleness; how many
+        stale ones were dropped meanwhile; and when the oldest of their final attempts started (None when one
+        was found finished at resume: its attempts are not known here)."""
         need = self.config.algorithm.groups_per_step
         oldest = version - self.config.algorithm.max_staleness
         chosen: list[str] = []
+        starts: list[int | None] = []
         stale = 0
         while len(chosen) < need:
             batch = [await self._next_finished()]
@@ -93,7 +95,8 @@ class GroupLauncher:
                     await self.release(1)
                 else:
                     chosen.append(group.group_id)
-        return chosen, stale
+                    starts += [r.attempts[-1].start_time_unix_nano for r in group.results] or [None]
+        return chosen, stale, None if None in starts else min(starts)
 
     async def release(self, n_groups: int) -> None:
         """Make room for `n_groups` new groups: these were trained on or dropped."""
