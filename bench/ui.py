@@ -1,10 +1,10 @@
 """Time to first render of the web view's rollouts page and of a sample's inspector, over a store of 1M calls.
 
 The store is filled through the real ingest path (OTLP/HTTP into `otel-rl serve`: two-call gateway rollouts
-with exact token ids, a grader's reward each), then bulk-copied under new trace, rollout and group ids until
-`llm_calls` has --calls rows (as bench/ingest.py grows its store). Each page is timed in headless Chromium
-(navigate → the page drawn from its data), its JSON endpoint over HTTP, and the floor: the endpoint's SQL
-alone in DuckDB (one thread, as the server runs it).
+with exact token ids, a grader's reward each), then bulk-copied under new trace, rollout and group ids (as
+commits after the stored ones, which the server normalizes when it opens the store again) until `llm_calls`
+has --calls rows. Each page is timed in headless Chromium (navigate → the page drawn from its data), its JSON
+endpoint over HTTP, and the floor: the endpoint's SQL alone in DuckDB (one thread, as the server runs it).
 
 Run: .venv/bin/python bench/ui.py [--calls 1000000] [--base-rollouts 512]
 """
@@ -50,15 +50,18 @@ def multiply(db: Path, target_calls: int) -> int:
     while 0 < calls < target_calls:
         factor = min(16, -(-target_calls // calls))
         renamed = f"replace(attributes::VARCHAR, '{PREFIX}', '{PREFIX}' || copy::VARCHAR || '.')::JSON"
+        # Each copy as commits after every stored one: the server normalizes them when it opens the store.
+        (last,) = con.execute("SELECT max(commit_seq) FROM spans").fetchone()
+        commit = f"commit_seq + copy * {last} AS commit_seq"
         con.execute(
             "INSERT INTO spans SELECT spans.* REPLACE (md5(trace_id || copy::VARCHAR)[:32] AS trace_id,"
             f" {renamed} AS attributes, start_time_unix_nano + copy * 1000000000 AS start_time_unix_nano,"
-            " end_time_unix_nano + copy * 1000000000 AS end_time_unix_nano)"
+            f" end_time_unix_nano + copy * 1000000000 AS end_time_unix_nano, {commit})"
             f" FROM spans, range(1, {factor}) AS copies(copy)"
         )
         con.execute(
             "INSERT INTO call_tokens SELECT call_tokens.*"
-            " REPLACE (md5(trace_id || copy::VARCHAR)[:32] AS trace_id)"
+            f" REPLACE (md5(trace_id || copy::VARCHAR)[:32] AS trace_id, {commit})"
             f" FROM call_tokens, range(1, {factor}) AS copies(copy)"
         )
         con.execute("CHECKPOINT")
