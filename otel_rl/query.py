@@ -1,14 +1,17 @@
 """SQL over the store: `otel_rl.query(sql) -> polars.DataFrame` and `otel-rl sql`, with or without the server.
 
 DuckDB lets one process write a file: while `otel-rl serve` holds it, queries go through its /v1/query
-endpoint; otherwise the file is opened read-only here.
+endpoint; otherwise the file is opened read-only here. Several files (the partitions of a load-balanced
+ingest) are read as one (otel_rl/store/partitions.py).
 """
 
 from __future__ import annotations
 
 import json
 import os
-from collections.abc import Sequence
+import warnings
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from enum import StrEnum
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
@@ -19,6 +22,7 @@ if TYPE_CHECKING:
     import httpx
     import polars as pl
     import pyarrow as pa
+    from rich.console import Console
 
 DEFAULT_DB = Path(".otel_rl") / "otel_rl.duckdb"
 DEFAULT_SERVER = "http://127.0.0.1:4318"
@@ -33,20 +37,38 @@ class QueryError(RuntimeError):
     """The query was refused or failed; the message says why."""
 
 
+class SplitRollouts(UserWarning):
+    """Rollouts have records in more than one of the stores queried together: their rows are wrong."""
+
+
+Stores = str | Path | Sequence[str | Path]  # one store file, a glob of them ('parts/*.duckdb'), or several
+
+
 def query(
-    sql: str, *, db: str | Path | None = None, server: str | None = None, token: str | None = None
+    sql: str, *, db: Stores | None = None, server: str | None = None, token: str | None = None
 ) -> pl.DataFrame:
     """Run one read-only SQL statement over the store's tables and views.
 
     With `server`, ask that server. Otherwise open the DuckDB file (`db`, else OTEL_RL_DB, else
     .otel_rl/otel_rl.duckdb) read-only, or, when a running server holds it (or there is no file and no
-    `db` was named), ask the server at OTEL_RL_SERVER, else http://127.0.0.1:4318.
+    `db` was named), ask the server at OTEL_RL_SERVER, else http://127.0.0.1:4318. Several files (`db` a list
+    or a glob) are read as one store, each read-only (none may be held by a server); a SplitRollouts warning
+    names the rollouts that have records in more than one.
     """
     import polars as pl
 
     why_server = "asked for"
     if server is None:
-        path = Path(db or os.environ.get("OTEL_RL_DB") or DEFAULT_DB)
+        from otel_rl.store.partitions import PartitionError, stores
+
+        named = db if db is not None else os.environ.get("OTEL_RL_DB") or DEFAULT_DB
+        try:
+            paths = stores([named] if isinstance(named, str | Path) else named)
+        except PartitionError as exc:
+            raise QueryError(str(exc)) from None
+        if len(paths) != 1:
+            return pl.from_arrow(_query_stores(paths, sql))
+        path = paths[0]
         if path.exists():
             table = _query_file(path, sql)
             if table is not None:
@@ -60,11 +82,34 @@ def query(
     return pl.from_arrow(_query_server(url, sql, token, why_server))
 
 
+def _query_stores(paths: list[Path], sql: str) -> pa.Table:
+    """The result over several store files read as one (none held by a server)."""
+    from otel_rl.store.partitions import PartitionError, query_stores, split_message
+    from otel_rl.store.sandbox import QueryFailed, ReadOnlyViolation
+
+    if not paths:
+        raise QueryError("no store named: give --db FILE (repeatable) or a glob")
+    try:
+        table, split = query_stores(paths, sql)
+    except PartitionError as exc:
+        raise QueryError(str(exc)) from None
+    except ReadOnlyViolation as exc:
+        raise QueryError(f"query refused: {exc}") from None
+    except QueryFailed as exc:
+        raise QueryError(f"query failed: {exc}") from None
+    if split:
+        warnings.warn(split_message(split), SplitRollouts, stacklevel=3)
+    return table
+
+
 def _query_file(path: Path, sql: str) -> pa.Table | None:
-    """The result from the file opened read-only in the sandbox (as the server runs queries), or None when
-    a server holds the file's lock."""
+    """The result from the file opened read-only in the sandbox (as the server runs queries, its archived rows
+    included), or None when a server holds the file's lock."""
+    from functools import partial
+
     import duckdb
 
+    from otel_rl.store import archive
     from otel_rl.store.connection import connect
     from otel_rl.store.sandbox import QueryFailed, ReadOnlyViolation, UserQuery, check_read_only, lock_down
 
@@ -79,8 +124,12 @@ def _query_file(path: Path, sql: str) -> pa.Table | None:
             return None
         raise QueryError(f"could not open {path}: {exc}") from None
     try:
+        files = archive.manifest(con)
+        archive.allow_reading(con, [path])
         lock_down(con)
-        return UserQuery(con, sql).run()
+        return UserQuery(
+            con, sql, prepare=partial(archive.shadow_raw_tables, store_path=path, files=files)
+        ).run()
     except ReadOnlyViolation as exc:
         raise QueryError(f"query refused: {exc}") from None
     except QueryFailed as exc:
@@ -111,11 +160,12 @@ def query_result(response: httpx.Response, url: str) -> pa.Table:
     import pyarrow as pa
 
     if response.status_code != 200:
-        raise QueryError(f"{url} answered {response.status_code}: {_detail(response)}")
+        raise QueryError(f"{url} answered {response.status_code}: {response_detail(response)}")
     return pa.ipc.open_stream(response.content).read_all()
 
 
-def _detail(response: object) -> str:
+def response_detail(response: object) -> str:
+    """The message of an error answer of the server (its JSON `detail`, else its text)."""
     try:
         return str(response.json()["detail"])  # type: ignore[attr-defined]
     except (ValueError, KeyError, TypeError):
@@ -129,11 +179,32 @@ class OutputFormat(StrEnum):
     parquet = "parquet"
 
 
+DB_HELP = (
+    "DuckDB file; repeat it, or give a quoted glob ('parts/*.duckdb'), to query several stores as one"
+    " [env OTEL_RL_DB; default .otel_rl/otel_rl.duckdb]"
+)
+
+
+@contextmanager
+def warnings_as_lines(console: Console) -> Iterator[None]:
+    """Print each SplitRollouts warning raised inside once, as one line (a command's stderr)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("once", SplitRollouts)
+        shown = warnings.showwarning
+
+        def show(message, category, *rest) -> None:  # noqa: ANN001 - warnings.showwarning's signature
+            if issubclass(category, SplitRollouts):
+                console.print(f"[yellow]warning:[/] {message}", soft_wrap=True, highlight=False)
+            else:
+                shown(message, category, *rest)
+
+        warnings.showwarning = show
+        yield
+
+
 def sql_command(
     sql: Annotated[str, typer.Argument(help="One read-only SQL statement (SELECT, WITH, DESCRIBE, SHOW)")],
-    db: Annotated[
-        Path | None, typer.Option(help="DuckDB file [env OTEL_RL_DB; default .otel_rl/otel_rl.duckdb]")
-    ] = None,
+    db: Annotated[list[Path] | None, typer.Option(help=DB_HELP)] = None,
     server: Annotated[str | None, typer.Option(help="Ask this otel-rl server [env OTEL_RL_SERVER]")] = None,
     token: Annotated[
         str | None,
@@ -147,10 +218,12 @@ def sql_command(
     """Run SQL over the stored traces and views (through the server when it is running)."""
     from rich.console import Console
 
+    stderr = Console(stderr=True)
     try:
-        frame = query(sql, db=db, server=server, token=token)
+        with warnings_as_lines(stderr):
+            frame = query(sql, db=db, server=server, token=token)
     except QueryError as exc:
-        Console(stderr=True).print(f"[red]error:[/] {exc}")
+        stderr.print(f"[red]error:[/] {exc}")
         raise typer.Exit(1) from None
     if output_format is OutputFormat.parquet:
         if output is None:

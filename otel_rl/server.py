@@ -5,9 +5,12 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
+
+if TYPE_CHECKING:
+    from otel_rl.archive_api import ScheduleSettings
 
 DEFAULT_DB = Path(".otel_rl") / "otel_rl.duckdb"
 
@@ -43,6 +46,7 @@ class ServeSettings:
     upstream_timeout_s: float = 600.0  # one model call through the gateway
     drain_timeout_s: float = 30.0  # how long a reload lets calls in flight finish before aborting them
     tokenizer: Path | None = None  # the model folder whose tokenizer decodes tokens in /ui; default: model
+    archive: "ScheduleSettings | None" = None  # an archive run at start, then hourly; None: no run
 
 
 def create_app(settings: ServeSettings):  # noqa: ANN201 - FastAPI, imported lazily to keep the CLI fast
@@ -53,6 +57,7 @@ def create_app(settings: ServeSettings):  # noqa: ANN201 - FastAPI, imported laz
     from fastapi.openapi.docs import get_redoc_html, get_swagger_ui_html
     from fastapi.responses import HTMLResponse, JSONResponse
 
+    from otel_rl.archive_api import ArchiveSchedule, archive_router
     from otel_rl.auth import Auth, Forbidden, Unauthorized, admin_required, admin_token
     from otel_rl.collector.http import collector_router
     from otel_rl.collector.rewards import rewards_router
@@ -68,6 +73,7 @@ def create_app(settings: ServeSettings):  # noqa: ANN201 - FastAPI, imported laz
     store = Store(settings.db)
     token, token_source = admin_token(settings.token, explicit_file=settings.token_file)
     auth = Auth(store, token)
+    archiving = ArchiveSchedule(store, settings.archive) if settings.archive is not None else None
     gateway, local_vllm = _gateway(settings, store, auth)
     metrics = server_metrics(
         store,
@@ -87,6 +93,8 @@ def create_app(settings: ServeSettings):  # noqa: ANN201 - FastAPI, imported laz
         if local_vllm is not None:
             local_vllm.start()
         await gateway.start()
+        if archiving is not None:
+            archiving.start()
         try:
             yield
         finally:
@@ -95,6 +103,8 @@ def create_app(settings: ServeSettings):  # noqa: ANN201 - FastAPI, imported laz
                 local_vllm.stop()
             if grpc_server is not None:
                 grpc_server.stop(grace=5).wait()
+            if archiving is not None:
+                archiving.stop()
             store.close()
 
     # FastAPI's own OpenTelemetry off: the server is where telemetry ends up, and tracing its own requests
@@ -126,6 +136,7 @@ def create_app(settings: ServeSettings):  # noqa: ANN201 - FastAPI, imported laz
     app.state.queries = RunningQueries()
     app.include_router(query_router(store, auth, limits, app.state.queries))
     app.include_router(rewards_router(store, auth))
+    app.include_router(archive_router(store, auth))
     ui_tokenizer = settings.tokenizer or settings.model
     app.include_router(
         ui_router(store, auth, tokenizer_folder=ui_tokenizer, timeout_s=settings.query_timeout_s)
@@ -269,11 +280,41 @@ def serve(
     drain_timeout: Annotated[
         float, typer.Option(help="Seconds a weight reload lets calls in flight finish before aborting them")
     ] = 30.0,
+    archive_after_days: Annotated[
+        int | None,
+        typer.Option(
+            min=0,
+            help="Move raw rows received more than this many days ago (whole UTC days) into the store's"
+            " Parquet archive: at start, then hourly (docs/query.md#the-archive)",
+        ),
+    ] = None,
+    retain_days: Annotated[
+        int | None,
+        typer.Option(
+            min=0,
+            help="Delete data received more than this many days ago (archived days and raw rows): at start,"
+            " then hourly",
+        ),
+    ] = None,
+    retain_bytes: Annotated[
+        str | None,
+        typer.Option(
+            help="Delete the oldest archived days while the archive is larger than this (500MB, 20GiB...):"
+            " at start, then hourly"
+        ),
+    ] = None,
 ) -> None:
     """Run the server: OTLP receivers (HTTP and gRPC), the SQL query API and rewards, over one DuckDB file."""
     import uvicorn
     from rich.console import Console
 
+    from otel_rl.archive_api import ScheduleSettings
+    from otel_rl.store.retention import PolicyError
+
+    try:  # before the store opens
+        archive = ScheduleSettings.from_flags(archive_after_days, retain_days, retain_bytes)
+    except PolicyError as error:
+        raise typer.BadParameter(str(error)) from None
     settings = ServeSettings(
         db=db or _default_db(),
         host=host,
@@ -294,6 +335,7 @@ def serve(
         upstream_timeout_s=upstream_timeout,
         drain_timeout_s=drain_timeout,
         tokenizer=tokenizer,
+        archive=archive,
     )
     from otel_rl.store.wal import StoreDamaged
 

@@ -7,6 +7,7 @@ import duckdb
 import polars as pl
 import pyarrow as pa
 
+from otel_rl.store import archive
 from otel_rl.store.connection import CATALOG, connect
 from otel_rl.store.definitions import NORMALIZED, read_definitions
 from otel_rl.store.layout import RAW_TABLES
@@ -22,12 +23,15 @@ def create_views(con: duckdb.DuckDBPyConnection) -> None:
 
 def differences(db: Path) -> dict[str, tuple[int, int]]:
     """Per normalized table: (rows the table lacks, rows it has too many) against its view computed from
-    scratch over all the raw rows, as multisets. The store must be closed (or opened by nobody else)."""
+    scratch over all the raw rows (archived ones included), as multisets. The store must be closed (or opened
+    by nobody else)."""
     con = connect(db, read_only=True)
     try:
+        files = archive.manifest(con)
         con.execute("USE memory")
         for layout in RAW_TABLES:
-            con.execute(f"CREATE VIEW {layout.table} AS FROM {CATALOG}.main.{layout.table}")
+            rows = archive.raw_rows(db, files, layout.table, f"{CATALOG}.main.{layout.table}")
+            con.execute(f"CREATE VIEW {layout.table} AS {rows}")
         create_views(con)
         found = {}
         for name in NORMALIZED:

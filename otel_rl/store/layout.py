@@ -30,6 +30,7 @@ _DUCKDB_TYPES = {
     pa.uint64(): "UBIGINT",
     pa.float32(): "FLOAT",
     pa.float64(): "DOUBLE",
+    pa.date32(): "DATE",
     RECEIVED_AT: "TIMESTAMPTZ",
 }
 
@@ -276,5 +277,24 @@ ROLLOUT_KEYS = Layout(
     ),
 )
 
+ARCHIVE_FILES = Layout(
+    "archive_files",
+    (
+        Column(
+            "path",
+            pa.string(),
+            "relative to the store's folder: <store>.archive/<raw_table>/day=YYYY-MM-DD/<name>.parquet",
+            not_null=True,
+        ),
+        Column("raw_table", pa.string(), "the raw table whose rows it holds", not_null=True),
+        Column("day", pa.date32(), "the day (UTC) its rows were received", not_null=True),
+        Column("rows", pa.uint64(), not_null=True),
+        Column("bytes", pa.uint64(), "the file's size", not_null=True),
+        Column("min_commit_seq", pa.uint64(), "of its rows (NULL for metric_points)"),
+        Column("max_commit_seq", pa.uint64(), "of its rows (NULL for metric_points)"),
+        Column("archived_at", RECEIVED_AT, not_null=True),
+    ),
+)
+
 RAW_TABLES = (SPANS, CALL_TOKENS, LOGS, METRIC_POINTS)
-LAYOUTS = {layout.table: layout for layout in (*RAW_TABLES, ROLLOUT_KEYS)}
+LAYOUTS = {layout.table: layout for layout in (*RAW_TABLES, ROLLOUT_KEYS, ARCHIVE_FILES)}

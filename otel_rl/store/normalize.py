@@ -15,6 +15,10 @@ arriving after the rest re-normalizes its whole scope.
 Costs follow the delta, not the store: raw rows are found by commit (DuckDB skips row groups by their
 `commit_seq` min/max), through `normalized.keys` (one row per commit and trace, rollout or session named), and
 a scope's old rows are deleted from the commit they were last written at (`normalized_commit`) on.
+
+Raw rows moved to the archive (archive.py) are read from their files, found by their commit range. Names whose
+raw rows retention deleted are queued in `normalized.renormalize` (`forget`): the next round adds them to its
+scope, so that their rows are recomputed from what remains.
 """
 
 from __future__ import annotations
@@ -22,9 +26,12 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass
+from datetime import datetime
 
 import duckdb
+import pyarrow as pa
 
+from otel_rl.store import archive
 from otel_rl.store.connection import CATALOG
 from otel_rl.store.definitions import NORMALIZED, SqlFile
 
@@ -42,6 +49,8 @@ SCOPE_TABLES = (
     ("rollout_id", "scope_rollouts"),
     ("session_id", "scope_sessions"),
 )
+SCOPE_COLUMNS = tuple(column for column, _ in SCOPE_TABLES)
+ROUND_TABLES = ("delta_keys", *(table for _, table in SCOPE_TABLES), "renormalizing")  # emptied by each round
 STATE_SQL = f"""
 CREATE SCHEMA IF NOT EXISTS {STATE};
 CREATE TABLE IF NOT EXISTS {STATE}.keys (    -- what each commit's rows name: how scopes are closed and found
@@ -59,7 +68,14 @@ CREATE TABLE IF NOT EXISTS {STATE}.skipped ( -- commits whose rows the views cou
     error      VARCHAR NOT NULL,
     skipped_at TIMESTAMPTZ NOT NULL
 );
+CREATE TABLE IF NOT EXISTS {STATE}.renormalize ( -- names of rows retention deleted: the next round's scope
+    trace_id     VARCHAR,
+    rollout_id   VARCHAR,
+    session_id   VARCHAR,
+    requested_at TIMESTAMPTZ NOT NULL
+);
 """
+RENORMALIZE = "normalized.renormalize"  # as the writer names it in a batch (store.py)
 # The rollout a row names (own attributes first, as span_identity and reward_records read it) and the coding-
 # CLI session a log record belongs to (as harness_sessions reads it); a text test before any parse.
 NAMED_ROLLOUT = (
@@ -109,6 +125,7 @@ def build_scratch(
             " session_id VARCHAR); CREATE TABLE scope_traces (trace_id VARCHAR);"
             " CREATE TABLE scope_rollouts (rollout_id VARCHAR);"
             " CREATE TABLE scope_sessions (session_id VARCHAR);"
+            f" CREATE TABLE renormalizing AS FROM {STATE}.renormalize LIMIT 0;"
         )
         fills: dict[str, str] = {}
         errors: dict[str, str] = {}
@@ -140,7 +157,10 @@ def create_normalized_tables(con: duckdb.DuckDBPyConnection, names: list[str], *
             f" SELECT *, 0::UBIGINT AS {HIDDEN} FROM {SCRATCH}.main.{name} LIMIT 0"
         )
     if rebuild:
-        con.execute(f"DELETE FROM {STATE}.keys; DELETE FROM {STATE}.skipped; DELETE FROM {STATE}.state")
+        con.execute(
+            f"DELETE FROM {STATE}.keys; DELETE FROM {STATE}.skipped; DELETE FROM {STATE}.state;"
+            f" DELETE FROM {STATE}.renormalize"
+        )
 
 
 def public_view_sql(name: str) -> str:
@@ -177,25 +197,23 @@ def run_round(
     """
     started = time.perf_counter()
     con.execute(f"USE {SCRATCH}")
-    for table in (*RAW, *fills, "delta_keys", "scope_traces", "scope_rollouts", "scope_sessions"):
+    for table in (*RAW, *fills, *ROUND_TABLES):
         con.execute(f"DELETE FROM {table}")
-    not_skipped = f" AND commit_seq NOT IN {_int_list(skipped)}" if skipped else ""
-    delta = f"commit_seq > {since} AND commit_seq <= {until}{not_skipped}"
-    for table in RAW:
-        con.execute(f"INSERT INTO {table} SELECT * FROM {STORE}.{table} WHERE {delta}")
-    con.execute(
-        f"INSERT INTO delta_keys SELECT DISTINCT commit_seq, trace_id, {NAMED_ROLLOUT}, NULL FROM spans"
-        f" UNION SELECT DISTINCT commit_seq, trace_id, {NAMED_ROLLOUT}, {SESSION} FROM logs"
-    )
-    con.execute("DELETE FROM delta_keys WHERE trace_id IS NULL AND rollout_id IS NULL AND session_id IS NULL")
-    _close_scope(con)
-    old = _old_commits(con, skipped)
-    if old:
-        _load_old_rows(con, old)
+    # One snapshot of the store for every read: a row an archive run moves meanwhile is read once, from the
+    # store or from its file.
+    con.execute("BEGIN TRANSACTION")
+    try:
+        old, renormalizing = _read_scope(con, since, until, skipped)
+        con.execute("COMMIT")
+    except Exception:
+        con.execute("ROLLBACK")
+        raise
     (rows,) = con.execute("SELECT (SELECT count(*) FROM spans) + (SELECT count(*) FROM logs)").fetchone()
     for fill in fills.values():
         con.execute(fill)
-    lower = _oldest_written(con) if old else None
+    # The scope's stored rows were written at or after the newest commit of their names; those of names whose
+    # commits retention deleted may be anywhere.
+    lower = 0 if renormalizing else _oldest_written(con) if old else None
     (traces,) = con.execute("SELECT count(*) FROM scope_traces").fetchone()
     con.execute("BEGIN TRANSACTION")
     try:
@@ -206,6 +224,9 @@ def run_round(
             new = _new_rows(name, owned, since)
             con.execute(f"INSERT INTO {STATE}.{name} SELECT *, {until} FROM {name} WHERE {new}")
         con.execute(f"INSERT INTO {STATE}.keys SELECT * FROM delta_keys")
+        if renormalizing:  # the requests this round read (a later one may name the same names: it stays)
+            same = " AND ".join(f"r.{c} IS NOT DISTINCT FROM s.{c}" for c in (*SCOPE_COLUMNS, "requested_at"))
+            con.execute(f"DELETE FROM {STATE}.renormalize r USING renormalizing s WHERE {same}")
         write_state(con, until, fingerprint)
         con.execute("COMMIT")
     except Exception:
@@ -215,6 +236,31 @@ def run_round(
         con.execute(f"USE {CATALOG}")
     commits = len({*range(since + 1, until + 1)} - skipped)
     return Round(until, commits, int(rows), int(traces), time.perf_counter() - started)
+
+
+def _read_scope(
+    con: duckdb.DuckDBPyConnection, since: int, until: int, skipped: frozenset[int]
+) -> tuple[list[int], bool]:
+    """Copy the delta's raw rows into the scratch tables, close its scope (with the names queued by retention)
+    and copy the scope's rows of earlier commits. (those earlier commits, whether names were queued)."""
+    raw = archive.RawRows(con)
+    not_skipped = f" AND commit_seq NOT IN {_int_list(skipped)}" if skipped else ""
+    delta = f"commit_seq > {since} AND commit_seq <= {until}{not_skipped}"
+    for table in RAW:  # archived delta rows: when the store normalizes every commit again
+        con.execute(
+            f"INSERT INTO {table} BY NAME {raw.rows(table, range(since + 1, until + 1))} WHERE {delta}"
+        )
+    con.execute(
+        f"INSERT INTO delta_keys SELECT DISTINCT commit_seq, trace_id, {NAMED_ROLLOUT}, NULL FROM spans"
+        f" UNION SELECT DISTINCT commit_seq, trace_id, {NAMED_ROLLOUT}, {SESSION} FROM logs"
+    )
+    con.execute("DELETE FROM delta_keys WHERE trace_id IS NULL AND rollout_id IS NULL AND session_id IS NULL")
+    (queued,) = con.execute(f"INSERT INTO renormalizing SELECT * FROM {STATE}.renormalize").fetchone()
+    _close_scope(con)
+    old = _old_commits(con, skipped)
+    if old:
+        _load_old_rows(con, raw, old)
+    return old, queued > 0
 
 
 def _new_rows(name: str, owned: str, since: int) -> str:
@@ -227,13 +273,13 @@ def _new_rows(name: str, owned: str, since: int) -> str:
 
 
 def _close_scope(con: duckdb.DuckDBPyConnection) -> None:
-    """Fill the scope tables with the delta's names, then add what stored rows name together with them until
-    nothing is added: a rollout's traces, a trace's rollouts and sessions, a session's traces and rollouts."""
-    con.execute(
-        "INSERT INTO scope_traces SELECT DISTINCT trace_id FROM delta_keys WHERE trace_id IS NOT NULL;"
-        "INSERT INTO scope_rollouts SELECT DISTINCT rollout_id FROM delta_keys WHERE rollout_id IS NOT NULL;"
-        "INSERT INTO scope_sessions SELECT DISTINCT session_id FROM delta_keys WHERE session_id IS NOT NULL;"
-    )
+    """Fill the scope tables with the delta's names and those queued by retention, then add what stored rows
+    name together with them until nothing is added: a rollout's traces, a trace's rollouts and sessions, a
+    session's traces and rollouts."""
+    names = ", ".join(SCOPE_COLUMNS)
+    named = f"(SELECT {names} FROM delta_keys UNION ALL SELECT {names} FROM renormalizing)"
+    for column, table in SCOPE_TABLES:
+        con.execute(f"INSERT INTO {table} SELECT DISTINCT {column} FROM {named} WHERE {column} IS NOT NULL")
     keys = f"(SELECT * FROM {STATE}.keys UNION ALL SELECT * FROM delta_keys)"
     linked = (
         "trace_id IN (FROM scope_traces) OR rollout_id IN (FROM scope_rollouts)"
@@ -261,15 +307,17 @@ def _old_commits(con: duckdb.DuckDBPyConnection, skipped: frozenset[int]) -> lis
     return [commit for (commit,) in rows if commit not in skipped]
 
 
-def _load_old_rows(con: duckdb.DuckDBPyConnection, commits: list[int]) -> None:
-    """Copy the scope's rows of earlier commits into the scratch tables (an IN list of literal commits lets
-    DuckDB skip every other row group)."""
+def _load_old_rows(con: duckdb.DuckDBPyConnection, raw: archive.RawRows, commits: list[int]) -> None:
+    """Copy the scope's rows of earlier commits (in the store or archived) into the scratch tables (an IN list
+    of literal commits lets DuckDB skip every other row group, of the store and of the files)."""
     stored = f"commit_seq IN {_int_list(commits)}"
     in_traces = "trace_id IN (FROM scope_traces)"
-    con.execute(f"INSERT INTO spans SELECT * FROM {STORE}.spans WHERE {stored} AND {in_traces}")
-    con.execute(f"INSERT INTO call_tokens SELECT * FROM {STORE}.call_tokens WHERE {stored} AND {in_traces}")
+    con.execute(f"INSERT INTO spans BY NAME {raw.rows('spans', commits)} WHERE {stored} AND {in_traces}")
     con.execute(
-        f"INSERT INTO logs SELECT * FROM {STORE}.logs WHERE {stored} AND ({in_traces}"
+        f"INSERT INTO call_tokens BY NAME {raw.rows('call_tokens', commits)} WHERE {stored} AND {in_traces}"
+    )
+    con.execute(
+        f"INSERT INTO logs BY NAME {raw.rows('logs', commits)} WHERE {stored} AND ({in_traces}"
         f" OR {NAMED_ROLLOUT} IN (FROM scope_rollouts) OR {SESSION} IN (FROM scope_sessions))"
     )
 
@@ -287,6 +335,54 @@ def _oldest_written(con: duckdb.DuckDBPyConnection) -> int | None:
         + ")"
     ).fetchone()
     return None if lower is None else int(lower)
+
+
+# ---------------------------------------------------------------- raw rows deleted (retention.py)
+
+
+def forget(
+    con: duckdb.DuckDBPyConnection,
+    *,
+    deleted: pa.Table,
+    gone: pa.Table,
+    log_seqs: pa.Table,
+    requested_at: datetime,
+) -> pa.Table:
+    """In the caller's transaction, as retention deletes raw rows: queue the names the `deleted` commits named
+    for the next round to recompute from what remains (a name nothing remains of loses its rows), delete the
+    keys rows of the commits nothing remains of (`gone`), and the rewards rows placed nowhere whose log
+    records (by `log_seqs`) go: no scope owns those. Returns the names queued."""
+    given = {"deleted_commits": deleted, "gone_commits": gone, "deleted_logs": log_seqs}
+    for name, rows in given.items():
+        con.register(name, rows)
+    try:
+        queued = con.sql(
+            f"SELECT DISTINCT {', '.join(SCOPE_COLUMNS)}, ?::TIMESTAMPTZ AS requested_at FROM {STATE}.keys"
+            " WHERE commit_seq IN (SELECT commit_seq FROM deleted_commits)",
+            params=[requested_at],
+        ).to_arrow_table()
+        con.register("queued", queued)
+        con.execute(f"INSERT INTO {STATE}.renormalize SELECT * FROM queued").fetchall()
+        con.execute(f"DELETE FROM {STATE}.keys WHERE commit_seq IN (FROM gone_commits)").fetchall()
+        if _exists(con, "rewards"):
+            con.execute(
+                f"DELETE FROM {STATE}.rewards WHERE trace_id IS NULL AND rollout_id IS NULL"
+                " AND seq IN (FROM deleted_logs)"
+            ).fetchall()
+    finally:
+        for name in (*given, "queued"):
+            con.unregister(name)
+    return queued
+
+
+def _exists(con: duckdb.DuckDBPyConnection, name: str) -> bool:
+    """Whether the store has the normalized table `name` (its transforms may define fewer)."""
+    [(found,)] = con.execute(
+        "SELECT count(*) FROM duckdb_tables() WHERE database_name = ? AND schema_name = 'normalized'"
+        " AND table_name = ?",
+        [CATALOG, name],
+    ).fetchall()
+    return found > 0
 
 
 def _int_list(values: object) -> str:

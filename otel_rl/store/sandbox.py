@@ -93,10 +93,14 @@ class UserQuery:
         *,
         max_result_bytes: int | None = None,
         timeout_s: float | None = None,
+        prepare: Callable[[duckdb.DuckDBPyConnection], None] | None = None,
     ) -> None:
         check_read_only(sql)
         self.sql = sql
         self._con = con
+        # Called with the statement's cursor inside its transaction, before the statement (the archive's
+        # temporary views: archive.shadow_raw_tables).
+        self._prepare = prepare
         self._max_result_bytes = max_result_bytes
         self._timeout_s = timeout_s
         self._cursor: duckdb.DuckDBPyConnection | None = None
@@ -127,6 +131,8 @@ class UserQuery:
         try:
             own.execute("BEGIN TRANSACTION READ ONLY")
             watchdog.start()
+            if self._prepare is not None:
+                self._prepare(own)
             reader = own.sql(self.sql).to_arrow_reader(BATCH_ROWS)
             return self._read(reader)
         except (duckdb.Error, pa.ArrowException, OSError) as exc:

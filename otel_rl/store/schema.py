@@ -12,7 +12,7 @@ import pyarrow as pa
 
 from otel_rl.store import normalize
 from otel_rl.store.definitions import SqlFile, defined_normalized, normalized_fingerprint, read_definitions
-from otel_rl.store.layout import RAW_TABLES, ROLLOUT_KEYS
+from otel_rl.store.layout import ARCHIVE_FILES, RAW_TABLES, ROLLOUT_KEYS
 
 log = logging.getLogger(__name__)
 
@@ -55,7 +55,7 @@ def create_tables(con: duckdb.DuckDBPyConnection) -> None:
         ).fetchall()
     }
     tables = {table for table, _ in existing}
-    for layout in (*RAW_TABLES, ROLLOUT_KEYS):
+    for layout in (*RAW_TABLES, ROLLOUT_KEYS, ARCHIVE_FILES):
         if layout.table not in tables:
             con.execute(layout.ddl())  # with its comments, written once
             continue
@@ -87,8 +87,9 @@ def _fill_added_columns(con: duckdb.DuckDBPyConnection, table: str, added: set[s
 
 
 def last_commit(con: duckdb.DuckDBPyConnection) -> int:
-    """The store's last commit that wrote raw rows (0 for none)."""
+    """The store's last commit that wrote raw rows, archived ones included (0 for none)."""
     parts = " UNION ALL ".join(f"SELECT max(commit_seq) AS c FROM {table}" for table in COMMIT_NUMBERED)
+    parts += f" UNION ALL SELECT max(max_commit_seq) AS c FROM {ARCHIVE_FILES.table}"
     (last,) = con.execute(f"SELECT coalesce(max(c), 0) FROM ({parts})").fetchone()
     return int(last)
 

@@ -13,9 +13,10 @@ import duckdb
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from otel_rl.store import wal
+from otel_rl.store import archive, archiver, normalize, retention, wal
 from otel_rl.store.connection import connect, cursor
 from otel_rl.store.normalizer import Normalizer, NotNormalized
+from otel_rl.store.retention import ArchivePolicy, ArchiveReport
 from otel_rl.store.sandbox import UserQuery, lock_down, reads_raw_tables_only
 from otel_rl.store.schema import (
     COMMIT_NUMBERED,
@@ -25,7 +26,7 @@ from otel_rl.store.schema import (
     default_transforms_dir,
     last_commit,
 )
-from otel_rl.store.writer import CHECKPOINT_THRESHOLD, Batch, GroupCommitWriter, Saturated
+from otel_rl.store.writer import CHECKPOINT_THRESHOLD, Batch, GroupCommitWriter, Saturated, StoreUnavailable
 
 log = logging.getLogger(__name__)
 
@@ -72,8 +73,12 @@ class Store:
         self.wal_at_open = wal.check_before_open(self.path)
         self._generation = 0  # of the connection: a new one after each reopen
         self._con, schema = self._open()
+        archiver.finish_interrupted(self._con, self.path)
+        self._archiving = threading.Lock()  # one archive run at a time
+        self._publishing = threading.Lock()  # held by a run from its commit to its renames (archiver.py)
         self._seq_lock = threading.Lock()
-        (last_seq,) = self._con.execute("SELECT coalesce(max(seq) + 1, 0) FROM logs").fetchone()
+        logs = archive.raw_rows(self.path, archive.listed_files(self._con), "logs", "logs")
+        (last_seq,) = self._con.execute(f"SELECT coalesce(max(seq) + 1, 0) FROM ({logs})").fetchone()
         self._next_log_seq = int(last_seq)
         committed = last_commit(self._con)
         self._normalizer = Normalizer(
@@ -109,6 +114,7 @@ class Store:
         create_tables(con)
         schema = create_views(con, self._transforms_dir)
         self.views = schema.views
+        archive.allow_reading(con, [self.path])
         lock_down(con)  # last: the settings above are locked from here on (see sandbox.py)
         return con, schema
 
@@ -154,12 +160,12 @@ class Store:
         """The group-commit writer: its queue and commit timings, for the server's /metrics."""
         return self._writer
 
-    def write(self, batch: Batch, main_table: str) -> IngestResult:
+    def write(self, batch: Batch, main_table: str, *, dedup: bool = True) -> IngestResult:
         """Store a batch durably: blocks until committed, waiting while the write queue is full (in-process
         producers have no retry logic of their own: a full queue makes them wait, not fail)."""
         while True:
             try:
-                future = self.submit(batch)
+                future = self.submit(batch, dedup=dedup)
                 break
             except Saturated:
                 time.sleep(0.01)
@@ -192,7 +198,9 @@ class Store:
     ) -> UserQuery:
         """One user statement to `run()` in the sandbox, which another thread may `stop()`. It runs once the
         normalized tables include every commit made before it started (unless it reads raw tables only)."""
-        query = UserQuery(self._con, sql, max_result_bytes=max_result_bytes, timeout_s=timeout_s)
+        query = UserQuery(
+            self._con, sql, max_result_bytes=max_result_bytes, timeout_s=timeout_s, prepare=self._read_archive
+        )
         query.before_run = partial(self._wait_unless_raw, sql, timeout_s)
         return query
 
@@ -205,6 +213,12 @@ class Store:
         if not raw:
             self.wait_normalized(timeout_s)
 
+    def _read_archive(self, query_cursor: duckdb.DuckDBPyConnection) -> None:
+        """Make a query's raw tables (and the views over them) read the archived rows too."""
+        with self._publishing:  # a file listed in the query's snapshot has its name by now
+            files = archive.listed_files(query_cursor)
+        archive.shadow_raw_tables(query_cursor, self.path, files)
+
     def wait_normalized(self, timeout_s: float | None = None) -> None:
         """Block until the normalized tables include every commit made so far; NotNormalized after
         `timeout_s` (NORMALIZED_WAIT_S when None)."""
@@ -215,6 +229,28 @@ class Store:
                 f"the normalized tables are {self._normalizer.lag} commits behind the raw tables"
                 + (f" ({failure})" if failure else "; retry shortly")
             )
+
+    # ---------------------------------------------------------------- archive and retention
+
+    def archive(self, policy: ArchivePolicy) -> ArchiveReport:
+        """Move the raw rows received before `policy.before` into the archive, then apply its retention
+        (retention.py); PolicyError when it asks for the impossible. Runs one at a time."""
+        today = datetime.now(UTC).date()
+        policy.check(today)
+        with self._archiving:
+            con = cursor(self._con)
+            try:
+                report = retention.run(con, self.path, policy, today, publishing=self._publishing)
+            finally:
+                con.close()
+        deleted = report.deleted
+        if deleted is not None and deleted.renormalize.num_rows:
+            # Rounds follow the writer's commits: the queued names again, as a commit, make one run now.
+            try:
+                self.write({normalize.RENORMALIZE: deleted.renormalize}, normalize.RENORMALIZE, dedup=False)
+            except StoreUnavailable as exc:  # they are queued durably: the next round takes them
+                log.warning("the normalized tables drop the deleted rows at the next commit: %s", exc)
+        return report
 
     @property
     def normalizer(self) -> Normalizer:

@@ -27,6 +27,13 @@ def train_command(
         Path | None,
         typer.Option(help="--sft: a chat JSONL file (OpenAI fine-tuning format) instead of the store"),
     ] = None,
+    db: Annotated[
+        list[Path] | None,
+        typer.Option(
+            help="--offline / --sft: read this DuckDB file instead of `server.db` or the server; repeat it,"
+            " or give a quoted glob ('parts/*.duckdb'), to read several stores as one"
+        ),
+    ] = None,
 ) -> None:
     """Train the policy: online (the harnesses run against the gateway while it learns), `--offline` from
     stored rollouts with importance correction, or `--sft` (rejection sampling with --min-reward)."""
@@ -34,7 +41,7 @@ def train_command(
     from rich.markup import escape
     from transformers.utils import logging as hf_logging
 
-    from otel_rl.query import QueryError
+    from otel_rl.query import QueryError, warnings_as_lines
     from otel_rl.train.config import ConfigError, load_config
     from otel_rl.train.server_client import OnlineTrainingError
 
@@ -46,6 +53,8 @@ def train_command(
         raise typer.BadParameter("--where and --min-reward apply to --offline or --sft", param_hint="--where")
     if chats is not None and not sft:
         raise typer.BadParameter("--chats applies to --sft", param_hint="--chats")
+    if db and not (offline or sft):
+        raise typer.BadParameter("--db applies to --offline or --sft", param_hint="--db")
     flags = {"where": where, "min_reward": min_reward, "chats": chats and str(chats)}
     overrides = {"offline": {key: value for key, value in flags.items() if value is not None}}
     try:
@@ -53,11 +62,13 @@ def train_command(
         if offline:
             from otel_rl.train.offline import offline_rl
 
-            checkpoint = offline_rl(settings, console)
+            with warnings_as_lines(Console(stderr=True)):
+                checkpoint = offline_rl(settings, console, db or ())
         elif sft:
             from otel_rl.train.offline import sft_from_traces
 
-            checkpoint = sft_from_traces(settings, console)
+            with warnings_as_lines(Console(stderr=True)):
+                checkpoint = sft_from_traces(settings, console, db or ())
         else:
             from otel_rl.train.online import run_online
 

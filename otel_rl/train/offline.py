@@ -3,7 +3,7 @@
 import json
 import random
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -18,9 +18,10 @@ METRICS_FILE = "metrics.jsonl"  # in output_dir: one JSON object per step
 
 
 def stored_samples(
-    config: TrainConfig, where: str, tokenizer: Any = None
+    config: TrainConfig, where: str, tokenizer: Any = None, dbs: Sequence[Path] = ()
 ) -> tuple[pl.DataFrame, pl.DataFrame]:
-    """(samples, calls) of the stored rollouts matching `where` (see otel_rl.transforms.build_samples).
+    """(samples, calls) of the stored rollouts matching `where` (see otel_rl.transforms.build_samples), read
+    from the stores `dbs` (files or globs, read as one), else `server.db`, else the server.
 
     With a tokenizer, the calls' messages are read too, calls recorded without token ids are retokenized,
     and the result can be exported as chats for SFT.
@@ -29,7 +30,8 @@ def stored_samples(
     from otel_rl.transforms.rewards import trust_setting
     from otel_rl.transforms.samples import SampleOptions, build_samples, load_inputs
 
-    server, db = (None, config.server.db) if config.server.db else (config.server.url, None)
+    stores = list(dbs) or ([config.server.db] if config.server.db else [])
+    server, db = (None, stores) if stores else (config.server.url, None)
 
     def run_query(sql: str) -> pl.DataFrame:
         return query(sql, db=db, server=server, token=config.server.token)
@@ -93,8 +95,9 @@ def _brief(metrics: dict[str, float]) -> str:
     return "  ".join(f"{name} {metrics[name]:.4g}" for name in shown if name in metrics)
 
 
-def offline_rl(config: TrainConfig, console: Console) -> Path:
-    """`steps` RL updates on the stored rollouts matching `offline.where`; returns the last checkpoint.
+def offline_rl(config: TrainConfig, console: Console, dbs: Sequence[Path] = ()) -> Path:
+    """`steps` RL updates on the stored rollouts matching `offline.where` (in the stores `dbs` when given,
+    see stored_samples); returns the last checkpoint.
 
     Importance weights against the logprobs the gateway recorded correct for the rollouts being off-policy.
     """
@@ -102,7 +105,7 @@ def offline_rl(config: TrainConfig, console: Console) -> Path:
 
     config.require_offline()
     with console.status("reading samples from the store"):
-        samples, _ = stored_samples(config, config.offline.where)
+        samples, _ = stored_samples(config, config.offline.where, dbs=dbs)
     console.print(f"{samples.height} samples from {samples['rollout_id'].n_unique()} rollouts")
     if not samples["has_logprobs"].all():
         console.print(
@@ -119,10 +122,11 @@ def offline_rl(config: TrainConfig, console: Console) -> Path:
         trainer.close()
 
 
-def sft_from_traces(config: TrainConfig, console: Console) -> Path:
+def sft_from_traces(config: TrainConfig, console: Console, dbs: Sequence[Path] = ()) -> Path:
     """SFT on the conversations of the stored rollouts matching `offline.where` (default: all) whose reward
-    is at least `offline.min_reward` (default: any): rejection-sampling fine-tuning. Or, with
-    `offline.chats`, on the conversations of that chat JSONL file. Returns the last checkpoint."""
+    is at least `offline.min_reward` (default: any): rejection-sampling fine-tuning, from the stores `dbs`
+    when given (see stored_samples). Or, with `offline.chats`, on the conversations of that chat JSONL file.
+    Returns the last checkpoint."""
     from otel_rl.train.sft import read_chats, sft_batches
     from otel_rl.transforms.export import sft_records
 
@@ -134,7 +138,7 @@ def sft_from_traces(config: TrainConfig, console: Console) -> Path:
         else:
             where = config.offline.where or "true"
             with console.status("reading conversations from the store"):
-                samples = stored_samples(config, where, trainer.tokenizer)
+                samples = stored_samples(config, where, trainer.tokenizer, dbs)
                 chats = sft_records(*samples, config.offline.min_reward)
             # The store returns rollouts in no set order (and their ids are random): sort, so that a seeded
             # run draws the same batches from the same conversations.

@@ -14,7 +14,11 @@ export_app = typer.Typer(help="Export training data from stored traces.", no_arg
 
 Where = Annotated[str, typer.Option(help="SQL predicate over the `rollouts` view, e.g. \"split = 'train'\"")]
 Db = Annotated[
-    Path | None, typer.Option(help="DuckDB file [env OTEL_RL_DB; default .otel_rl/otel_rl.duckdb]")
+    list[Path] | None,
+    typer.Option(
+        help="DuckDB file; repeat it, or give a quoted glob ('parts/*.duckdb'), to read several stores as one"
+        " [env OTEL_RL_DB; default .otel_rl/otel_rl.duckdb]"
+    ),
 ]
 Server = Annotated[str | None, typer.Option(help="Read through this otel-rl server [env OTEL_RL_SERVER]")]
 Token = Annotated[str | None, typer.Option(help="Server token [env OTEL_RL_TOKEN; else .otel_rl/token]")]
@@ -56,7 +60,7 @@ def _reward(name: str, rule: str, trusted_sources: list[str] | None, missing: fl
 
 def _build(
     where: str,
-    db: Path | None,
+    db: list[Path] | None,
     server: str | None,
     token: str | None,
     tokenizer: Path | None,
@@ -67,12 +71,12 @@ def _build(
     """Read, build and report; errors become a one-line message and exit code 1."""
     from rich.console import Console
 
-    from otel_rl.query import QueryError, query
+    from otel_rl.query import QueryError, query, warnings_as_lines
     from otel_rl.transforms.samples import build_samples, load_inputs, report_table
 
     console = Console(stderr=True)
     try:
-        with console.status("reading rollouts, calls and rewards"):
+        with console.status("reading rollouts, calls and rewards"), warnings_as_lines(console):
             calls, rollouts, rewards = load_inputs(
                 where, lambda sql: query(sql, db=db, server=server, token=token), messages=messages
             )
