@@ -21,11 +21,12 @@ from typer.testing import CliRunner
 from otel_rl.cli import app
 from otel_rl.collector.rewards import RewardIn, reward_log_request
 from otel_rl.query import query
-from otel_rl.store import Store, archiver
+from otel_rl.store import Store, archiver, normalizer
 from otel_rl.store.archive import archive_dir, manifest
 from otel_rl.store.connection import connect
 from otel_rl.store.definitions import NORMALIZED
 from otel_rl.store.retention import ArchivePolicy
+from otel_rl.store.schema import default_transforms_dir
 
 RAW = ("spans", "call_tokens", "logs")  # the raw tables the normalized ones are computed from
 ALL_RAW = (*RAW, "metric_points")
@@ -343,3 +344,23 @@ def test_otel_rl_serve_refuses_an_archive_flag_it_cannot_use_before_opening_the_
 
     assert result.exit_code == 2 and "is not a size" in result.output
     assert not db.exists()
+
+
+def test_changed_view_definitions_normalize_everything_again_from_the_archive_in_bounded_rounds(
+    old_store, tmp_path, monkeypatch
+) -> None:
+    with Store(old_store) as store:
+        store.archive(ArchivePolicy(before=TODAY))
+    transforms = tmp_path / "transforms"
+    shutil.copytree(default_transforms_dir(), transforms)
+    llm_calls = transforms / "20_llm_calls.sql"
+    llm_calls.write_text("-- edited\n" + llm_calls.read_text())  # what the normalized tables depend on
+    monkeypatch.setattr(normalizer, "ROUND_ROWS", 6)  # a handful of rows a round: several rounds
+
+    with Store(old_store, transforms_dir=transforms) as store:
+        store.wait_normalized()
+        rounds = store.normalizer.rounds
+        rollouts = store.query_arrow("SELECT rollout_id FROM rollouts ORDER BY 1")["rollout_id"].to_pylist()
+
+    assert rollouts == ["r-0", "r-1", "r-2", "r-3"] and rounds > 2
+    assert differences(old_store) == {name: (0, 0) for name in NORMALIZED}

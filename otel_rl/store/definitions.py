@@ -27,6 +27,9 @@ NORMALIZED: dict[str, str] = {
     "rollouts": "rollout_id IN (FROM scope_rollouts)",
     "harness_sessions": "session_id IN (FROM scope_sessions)",
 }
+# Views several normalized views read: in the scratch database of a round they are tables too, computed once
+# per round (as a view, each reader would compute them again), but the store does not keep them.
+COMPUTED_ONCE = ("llm_call_index", "step_spans", "reward_records")
 _CREATE_VIEW = re.compile(r"^\s*CREATE\s+(?:OR\s+REPLACE\s+)?VIEW\s+(\w+)\s+AS\s+(.*?);?\s*$", re.I | re.S)
 _LEADING_COMMENTS = re.compile(r"^(\s*--[^\n]*\n)*", re.S)
 
@@ -41,6 +44,11 @@ class Statement:
     def normalized(self) -> bool:
         """Whether it defines a view the store keeps as a table."""
         return self.view in NORMALIZED
+
+    @property
+    def filled(self) -> bool:
+        """Whether it defines a view a round computes into a table of its scratch database."""
+        return self.view in NORMALIZED or self.view in COMPUTED_ONCE
 
 
 @dataclass(frozen=True)

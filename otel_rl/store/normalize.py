@@ -112,8 +112,9 @@ def build_scratch(
     con: duckdb.DuckDBPyConnection, files: list[SqlFile]
 ) -> tuple[dict[str, str], dict[str, str]]:
     """(Re)create the scratch database: the raw tables (empty), the scope tables, and every view of `files`,
-    the normalized ones as tables. Returns each normalized table's fill statement, and each file's error
-    (the rest of a file is skipped after a statement fails, as the store skips it)."""
+    the normalized and computed-once ones (definitions.py) as tables. Returns their fill statements in file
+    order, and each file's error (the rest of a file is skipped after a statement fails, as the store skips
+    it)."""
     con.execute(f"DETACH DATABASE IF EXISTS {SCRATCH}")
     con.execute(f"ATTACH ':memory:' AS {SCRATCH}")
     con.execute(f"USE {SCRATCH}")
@@ -132,7 +133,7 @@ def build_scratch(
         for file in files:
             try:
                 for statement in file.statements:
-                    if statement.normalized:
+                    if statement.filled:
                         definition = f"SELECT * FROM ({statement.definition})"
                         con.execute(f"CREATE TABLE {statement.view} AS {definition} LIMIT 0")
                         fills[statement.view] = f"INSERT INTO {statement.view} {definition}"
@@ -217,7 +218,7 @@ def run_round(
     (traces,) = con.execute("SELECT count(*) FROM scope_traces").fetchone()
     con.execute("BEGIN TRANSACTION")
     try:
-        for name in fills:
+        for name in (name for name in fills if name in NORMALIZED):
             owned = NORMALIZED[name]
             if lower is not None:
                 con.execute(f"DELETE FROM {STATE}.{name} WHERE {HIDDEN} >= {lower} AND ({owned})")

@@ -13,8 +13,9 @@ from datetime import UTC, datetime
 import duckdb
 
 from otel_rl.store import normalize
+from otel_rl.store.archive import RawRows
 from otel_rl.store.definitions import SqlFile, defined_normalized
-from otel_rl.store.normalize import RAW, ROUND_ROWS, STATE, STORE, NormalizeError, Round
+from otel_rl.store.normalize import RAW, ROUND_ROWS, STATE, NormalizeError, Round
 from otel_rl.store.sandbox import QueryInterrupted
 from otel_rl.store.writer import is_storage_failure
 
@@ -210,12 +211,14 @@ class Normalizer:
 
     def _round_end(self, con: duckdb.DuckDBPyConnection, since: int) -> int:
         """The last commit of the next round: every commit made, or fewer when they hold over ROUND_ROWS
-        rows."""
+        rows (in the store or, when the store normalizes everything again, in its archive)."""
         committed = self._committed
+        commits = range(since + 1, committed + 1)
+        raw = RawRows(con)
         sizes = con.execute(
             "SELECT commit_seq, count(*) FROM ("
             + " UNION ALL ".join(
-                f"SELECT commit_seq FROM {STORE}.{table}"
+                f"SELECT commit_seq FROM ({raw.rows(table, commits)})"
                 f" WHERE commit_seq > {since} AND commit_seq <= {committed}"
                 for table in RAW
             )

@@ -118,7 +118,7 @@ def create_views(con: duckdb.DuckDBPyConnection, transforms_dir: Path) -> Schema
         return schema
     fills, scratch_errors = normalize.build_scratch(con, files)
     defined = defined_normalized(files)
-    schema.fills = fills if len(fills) == len(defined) else None  # else the normalizer says why
+    schema.fills = fills if all(name in fills for name in defined) else None  # else the normalizer says why
     if rebuild:
         if scratch_errors:  # the normalized tables cannot be shaped: kept as they are until the SQL is fixed
             log.error("the normalized tables are not rebuilt while the views fail: %s", scratch_errors)
