@@ -41,6 +41,10 @@ class SplitRollouts(UserWarning):
     """Rollouts have records in more than one of the stores queried together: their rows are wrong."""
 
 
+class CatchingUp(UserWarning):
+    """A store file's normalized tables lack commits (its server stopped first): normalized before reading."""
+
+
 Stores = str | Path | Sequence[str | Path]  # one store file, a glob of them ('parts/*.duckdb'), or several
 
 
@@ -66,6 +70,7 @@ def query(
             paths = stores([named] if isinstance(named, str | Path) else named)
         except PartitionError as exc:
             raise QueryError(str(exc)) from None
+        _catch_up(paths)
         if len(paths) != 1:
             return pl.from_arrow(_query_stores(paths, sql))
         path = paths[0]
@@ -80,6 +85,25 @@ def query(
             why_server = f"there is no database at {path}"
     url = server or os.environ.get("OTEL_RL_SERVER") or DEFAULT_SERVER
     return pl.from_arrow(_query_server(url, sql, token, why_server))
+
+
+def _catch_up(paths: list[Path]) -> None:
+    """Normalize what each store file's tables lack before it is read (commits its server wrote but stopped
+    before normalizing, or a store made by an earlier version), unless a server holds it (it does that)."""
+    import duckdb
+
+    from otel_rl.store.store import catch_up, normalized_lag
+
+    for path in paths:
+        lag = normalized_lag(path) if path.is_file() else None
+        if not lag:
+            continue
+        warnings.warn(f"{path}: normalizing {lag} commit(s) first", CatchingUp, stacklevel=3)
+        try:
+            catch_up(path)
+        except duckdb.Error as exc:
+            if "lock" not in str(exc).lower():  # else a server took it meanwhile, and normalizes it
+                warnings.warn(f"{path} cannot be normalized ({exc}): read as it is", CatchingUp, stacklevel=3)
 
 
 def _query_stores(paths: list[Path], sql: str) -> pa.Table:
@@ -187,13 +211,14 @@ DB_HELP = (
 
 @contextmanager
 def warnings_as_lines(console: Console) -> Iterator[None]:
-    """Print each SplitRollouts warning raised inside once, as one line (a command's stderr)."""
+    """Print each SplitRollouts or CatchingUp warning raised inside once, as one line (a command's stderr)."""
     with warnings.catch_warnings():
         warnings.simplefilter("once", SplitRollouts)
+        warnings.simplefilter("once", CatchingUp)
         shown = warnings.showwarning
 
         def show(message, category, *rest) -> None:  # noqa: ANN001 - warnings.showwarning's signature
-            if issubclass(category, SplitRollouts):
+            if issubclass(category, SplitRollouts | CatchingUp):
                 console.print(f"[yellow]warning:[/] {message}", soft_wrap=True, highlight=False)
             else:
                 shown(message, category, *rest)

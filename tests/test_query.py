@@ -2,11 +2,15 @@
 
 import json
 import subprocess
+import time
 
+import duckdb
 import httpx
 import polars as pl
 import pytest
+from from_scratch import differences
 from otel_rl_server import OTEL_RL
+from rollout_traffic import rollout_requests
 from test_collector_http import PROTOBUF, post, spans_request
 from typer.testing import CliRunner
 
@@ -14,6 +18,7 @@ from otel_rl.cli import app
 from otel_rl.collector.ingest import ingest_traces
 from otel_rl.query import QueryError, query
 from otel_rl.store import Store
+from otel_rl.store.definitions import NORMALIZED
 
 
 @pytest.fixture(scope="module")
@@ -119,3 +124,28 @@ def test_otel_rl_sql_command_works_against_a_running_server(otel_rl_server) -> N
     assert done.stdout.splitlines() == ["name", "span 0"]
     assert refused.returncode == 1
     assert "only read queries are allowed" in refused.stderr
+
+
+def test_otel_rl_sql_normalizes_what_a_stopped_server_left_before_reading_the_file(tmp_path) -> None:
+    db = tmp_path / "otel_rl.duckdb"
+    start = time.time_ns()
+    with Store(db) as store:
+        ingest_traces(store, rollout_requests("r-0", start)[0])
+    # Commits a server wrote and never normalized (it was killed): raw rows of a later commit.
+    con = duckdb.connect(str(db))
+    con.execute(
+        "INSERT INTO spans SELECT * REPLACE (replace(attributes::VARCHAR, 'r-0', 'r-1')::JSON AS attributes,"
+        " md5(trace_id) AS trace_id, commit_seq + 100 AS commit_seq) FROM spans"
+    )
+    con.close()
+
+    sql = "SELECT rollout_id, n_calls FROM rollouts ORDER BY 1"
+    result = CliRunner().invoke(app, ["sql", sql, "--db", str(db), "--format", "json"])
+
+    assert result.exit_code == 0, result.output
+    assert "normalizing 100 commit(s) first" in result.stderr
+    assert json.loads(result.stdout) == [
+        {"rollout_id": "r-0", "n_calls": 2},
+        {"rollout_id": "r-1", "n_calls": 2},
+    ]
+    assert differences(db) == {name: (0, 0) for name in NORMALIZED}

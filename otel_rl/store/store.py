@@ -15,6 +15,7 @@ import pyarrow.compute as pc
 
 from otel_rl.store import archive, archiver, normalize, retention, wal
 from otel_rl.store.connection import connect, cursor
+from otel_rl.store.definitions import normalized_fingerprint, read_definitions
 from otel_rl.store.normalizer import Normalizer, NotNormalized
 from otel_rl.store.retention import ArchivePolicy, ArchiveReport
 from otel_rl.store.sandbox import UserQuery, lock_down, reads_raw_tables_only
@@ -354,6 +355,34 @@ def first_of_each_key(rows: pa.Table, key: tuple[str, ...]) -> pa.Table:
     positions = pa.table({"key": joined, "position": pa.array(range(rows.num_rows), pa.int64())})
     first = positions.group_by("key", use_threads=False).aggregate([("position", "min")])
     return rows.take(sorted(first.column("position_min").to_pylist()))
+
+
+def normalized_lag(path: Path) -> int | None:
+    """Commits the store file's normalized tables lack, read without writing: all of them for a store made
+    by an earlier version or normalized by other view definitions (opening it normalizes everything again).
+    None while another process (a server) holds the file."""
+    try:
+        con = connect(path, read_only=True)
+    except duckdb.IOException as exc:
+        if "lock" in str(exc).lower():
+            return None
+        raise
+    try:
+        last = last_commit(con)
+        through, fingerprint = normalize.read_state(con)
+    except duckdb.CatalogException:  # made before the normalized tables: no state, or no commit numbers
+        return 1
+    finally:
+        con.close()
+    if fingerprint != normalized_fingerprint(read_definitions(default_transforms_dir())):
+        through = 0
+    return last - through
+
+
+def catch_up(path: Path) -> None:
+    """Open the store file as its writer until its normalized tables include every commit (closing
+    normalizes what is left). Raises duckdb.IOException when another process holds it."""
+    Store(path).close()
 
 
 def _now() -> datetime:
