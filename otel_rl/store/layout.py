@@ -54,10 +54,22 @@ class Column:
 
 @dataclass(frozen=True)
 class Layout:
-    """One raw table: its columns in order."""
+    """One table: its columns in order; for the tables exports write, what makes a row a duplicate."""
 
     table: str
     columns: tuple[Column, ...]
+    # The columns naming a record: a row whose key is stored already (a retried export, a record sent twice
+    # in one request) is stored once.
+    key: tuple[str, ...] = ()
+    # A time its sender sets, the same in a resent record: the dedup check reads only stored rows of the
+    # batch's range of it, so that DuckDB skips the other row groups (without it every commit scanned every
+    # stored key: 65 ms of CPU per 2,048-span commit at 1M spans, about 5 ms with it).
+    sent_time: str | None = None
+
+    @property
+    def commit_numbered(self) -> bool:
+        """Whether its rows carry the commit that wrote them (`commit_seq`)."""
+        return any(column.name == "commit_seq" for column in self.columns)
 
     @property
     def built(self) -> tuple[Column, ...]:
@@ -195,6 +207,8 @@ SPANS = Layout(
         _received_at(),
         _commit_seq(),
     ),
+    key=("trace_id", "span_id"),
+    sent_time="start_time_unix_nano",
 )
 
 CALL_TOKENS = Layout(
@@ -212,6 +226,7 @@ CALL_TOKENS = Layout(
         Column("received_at", RECEIVED_AT, "as its span's"),
         _commit_seq(),
     ),
+    key=("trace_id", "span_id"),
 )
 
 LOGS = Layout(
@@ -239,6 +254,8 @@ LOGS = Layout(
         _received_at(),
         _commit_seq(),
     ),
+    key=("content_key",),
+    sent_time="time_unix_nano",
 )
 
 METRIC_POINTS = Layout(
@@ -266,6 +283,8 @@ METRIC_POINTS = Layout(
         *_origin(dropped_resource=False),
         _received_at(),
     ),
+    key=("content_key",),
+    sent_time="time_unix_nano",
 )
 
 ROLLOUT_KEYS = Layout(
@@ -275,6 +294,7 @@ ROLLOUT_KEYS = Layout(
         Column("rollout_id", pa.string(), not_null=True),
         Column("created_at", RECEIVED_AT, not_null=True),
     ),
+    key=("key_hash",),
 )
 
 ARCHIVE_FILES = Layout(

@@ -16,7 +16,7 @@ from otel_rl.store.layout import ARCHIVE_FILES, RAW_TABLES, ROLLOUT_KEYS
 
 log = logging.getLogger(__name__)
 
-COMMIT_NUMBERED = ("spans", "call_tokens", "logs")  # the raw tables whose rows carry their commit_seq
+COMMIT_NUMBERED = tuple(layout.table for layout in RAW_TABLES if layout.commit_numbered)
 LEGACY_COMMIT_ROWS = 16_384  # rows stored before commits were numbered: numbered this many to a commit
 _VIEW_SOURCES_SQL = """
 CREATE TABLE IF NOT EXISTS view_sources (   -- the transforms/*.sql files whose views are in place

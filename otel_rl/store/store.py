@@ -16,11 +16,11 @@ import pyarrow.compute as pc
 from otel_rl.store import archive, archiver, normalize, retention, wal
 from otel_rl.store.connection import connect, cursor
 from otel_rl.store.definitions import normalized_fingerprint, read_definitions
+from otel_rl.store.layout import LAYOUTS
 from otel_rl.store.normalizer import Normalizer, NotNormalized
 from otel_rl.store.retention import ArchivePolicy, ArchiveReport
 from otel_rl.store.sandbox import UserQuery, lock_down, reads_raw_tables_only
 from otel_rl.store.schema import (
-    COMMIT_NUMBERED,
     Schema,
     create_tables,
     create_views,
@@ -32,18 +32,6 @@ from otel_rl.store.writer import CHECKPOINT_THRESHOLD, Batch, GroupCommitWriter,
 log = logging.getLogger(__name__)
 
 NORMALIZED_WAIT_S = 600.0  # how long an in-process read waits for the normalized tables without a timeout
-# Rows that are the same record: a retried export or a duplicate inside one request is stored once.
-DEDUP_KEYS = {
-    "spans": ("trace_id", "span_id"),
-    "call_tokens": ("trace_id", "span_id"),
-    "logs": ("content_key",),
-    "metric_points": ("content_key",),
-    "rollout_keys": ("key_hash",),
-}
-# A retried export resends a record unchanged, so a stored duplicate has the same value here. Bounding the
-# stored side by the batch's min and max (as literals) lets DuckDB skip row groups by their min/max: without
-# it every commit scans every stored key (65 ms of CPU per 2,048-span commit at 1M spans, about 5 ms with it).
-TIME_COLUMNS = {"spans": "start_time_unix_nano", "logs": "time_unix_nano", "metric_points": "time_unix_nano"}
 DEFAULT_MAX_PENDING_BYTES = 256 * 1024 * 1024
 
 
@@ -299,14 +287,14 @@ def insert_batch(
         return
     new_spans: set[tuple[str, str]] = set()
     for name in sorted(tables, key=lambda name: name != "spans"):  # spans first: their tokens follow them
-        rows = first_of_each_key(tables[name], DEDUP_KEYS[name])
+        rows = first_of_each_key(tables[name], LAYOUTS[name].key)
         if name == "call_tokens":
             keys = zip(rows.column("trace_id").to_pylist(), rows.column("span_id").to_pylist(), strict=True)
             rows = rows.filter(pa.array([key in new_spans for key in keys], pa.bool_()))
             _insert(con, name, rows, commit_seq)
             continue
         # the inserted keys only when tokens follow (returning them costs every OTLP request a little)
-        returning = DEDUP_KEYS[name] if name == "spans" and "call_tokens" in tables else ()
+        returning = LAYOUTS[name].key if name == "spans" and "call_tokens" in tables else ()
         inserted = _insert(con, name, rows, commit_seq, _not_stored(name, rows), returning)
         if returning:
             new_spans = set(inserted)
@@ -314,8 +302,8 @@ def insert_batch(
 
 def _not_stored(table: str, rows: pa.Table) -> str:
     """The WHERE clause keeping the rows of `incoming` whose key is not in `table` yet."""
-    on = " AND ".join(f"stored.{column} = incoming.{column}" for column in DEDUP_KEYS[table])
-    column = TIME_COLUMNS.get(table)
+    on = " AND ".join(f"stored.{column} = incoming.{column}" for column in LAYOUTS[table].key)
+    column = LAYOUTS[table].sent_time
     bounds = pc.min_max(rows.column(column)).values() if column and rows.num_rows else ()
     if bounds and all(bound.is_valid for bound in bounds):
         lo, hi = (bound.as_py() for bound in bounds)
@@ -338,7 +326,7 @@ def _insert(
     con.register("incoming", rows)
     try:
         returned = f" RETURNING {', '.join(returning)}" if returning else ""
-        numbered = f", {commit_seq}::UBIGINT AS commit_seq" if table in COMMIT_NUMBERED else ""
+        numbered = f", {commit_seq}::UBIGINT AS commit_seq" if LAYOUTS[table].commit_numbered else ""
         sql = f"INSERT INTO {table} BY NAME SELECT *{numbered} FROM incoming{where}{returned}"
         result = con.execute(sql).fetchall()
     finally:
