@@ -186,28 +186,19 @@ class Normalizer:
 
     def _normalize(self, con: duckdb.DuckDBPyConnection, since: int, until: int) -> Round:
         try:
-            return normalize.run_round(
-                con,
-                self._fills,
-                since=since,
-                until=until,
-                skipped=self._skipped,
-                fingerprint=self._fingerprint,
-            )
+            return self._run_round(con, since, until)
         except (duckdb.Error, NormalizeError) as exc:
             if until != since + 1 or is_storage_failure(exc):
                 raise
             # This commit's rows make the views fail: keep them (raw), skip them, say so, and go on.
             log.error("commit %d cannot be normalized, its rows stay in the raw tables only: %s", until, exc)
             self._skip(con, until, str(exc))
-            return normalize.run_round(
-                con,
-                self._fills,
-                since=since,
-                until=until,
-                skipped=self._skipped,
-                fingerprint=self._fingerprint,
-            )
+            return self._run_round(con, since, until)  # the watermark moves past it
+
+    def _run_round(self, con: duckdb.DuckDBPyConnection, since: int, until: int) -> Round:
+        return normalize.run_round(
+            con, self._fills, since=since, until=until, skipped=self._skipped, fingerprint=self._fingerprint
+        )
 
     def _round_end(self, con: duckdb.DuckDBPyConnection, since: int) -> int:
         """The last commit of the next round: every commit made, or fewer when they hold over ROUND_ROWS
