@@ -5,6 +5,7 @@ random groups and normalized in random rounds. Late data (a parent after its chi
 reward after its spans) happens in every order."""
 
 import random
+import shutil
 import time
 from concurrent.futures import wait
 from pathlib import Path
@@ -20,6 +21,7 @@ from rollout_traffic import rollout_requests
 from otel_rl.collector.ingest import logs_batch, traces_batch
 from otel_rl.store import Store
 from otel_rl.store.definitions import NORMALIZED
+from otel_rl.store.schema import default_transforms_dir
 
 
 def every_capture() -> list[Message]:
@@ -84,3 +86,25 @@ def test_the_normalized_tables_equal_the_views_from_scratch_in_any_arrival_order
     assert all(counts.values()), counts  # every table holds rows: the comparison below compares something
     assert rounds > 3, rounds
     assert differences(db) == {name: (0, 0) for name in NORMALIZED}
+
+
+def test_a_commit_the_views_cannot_normalize_is_skipped_and_kept_raw_and_the_rest_goes_on(tmp_path) -> None:
+    transforms = tmp_path / "transforms"
+    shutil.copytree(default_transforms_dir(), transforms)
+    identity = transforms / "15_identity.sql"
+    poisoned = "WHERE CASE WHEN p.rollout_id = 'poison' THEN error('a poisoned rollout') ELSE true END;"
+    identity.write_text(identity.read_text().rstrip().removesuffix(";") + f"\n{poisoned}\n")
+    start = time.time_ns()
+    with Store(tmp_path / "store.duckdb", transforms_dir=transforms) as store:
+        for rollout_id in ("r-0", "poison", "r-1"):
+            spans, reward = rollout_requests(rollout_id, start)
+            wait([store.submit(traces_batch(spans)), store.submit(logs_batch(store, reward))])
+        store.wait_normalized(timeout_s=60)
+        rollouts = store.query_arrow("SELECT rollout_id FROM rollouts ORDER BY 1")["rollout_id"].to_pylist()
+        raw = store.query_arrow(
+            "SELECT count(*) AS n FROM spans WHERE attributes ->> 'otel_rl.rollout.id' = 'poison'"
+        )["n"][0].as_py()
+        skipped = store.query_arrow("SELECT commit_seq, error FROM normalized.skipped").to_pylist()
+
+    assert rollouts == ["r-0", "r-1"] and raw == 3  # the poisoned rollout's spans are kept, raw
+    assert len(skipped) == 1 and "a poisoned rollout" in skipped[0]["error"]
