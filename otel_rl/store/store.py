@@ -21,6 +21,7 @@ from otel_rl.store.normalizer import Normalizer, NotNormalized
 from otel_rl.store.retention import ArchivePolicy, ArchiveReport
 from otel_rl.store.sandbox import UserQuery, lock_down, reads_raw_tables_only
 from otel_rl.store.schema import (
+    COMMIT_NUMBERED,
     Schema,
     create_tables,
     create_views,
@@ -326,7 +327,7 @@ def _insert(
     con.register("incoming", rows)
     try:
         returned = f" RETURNING {', '.join(returning)}" if returning else ""
-        numbered = f", {commit_seq}::UBIGINT AS commit_seq" if LAYOUTS[table].commit_numbered else ""
+        numbered = f", {commit_seq}::UBIGINT AS commit_seq" if table in COMMIT_NUMBERED else ""
         sql = f"INSERT INTO {table} BY NAME SELECT *{numbered} FROM incoming{where}{returned}"
         result = con.execute(sql).fetchall()
     finally:
