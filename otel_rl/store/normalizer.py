@@ -3,6 +3,7 @@ wait for the commits they saw, and keeps going past rows the views cannot normal
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import threading
@@ -26,7 +27,8 @@ RETRY_AFTER_S = 1.0  # after a round failed for the storage's sake (a full disk)
 # round's planning costs the same for one row as for thousands, so under steady ingest rounds grow rather
 # than take a core.
 MAX_GAP_S = 1.0
-NICE = 10  # the thread's scheduling priority (Linux nice value: higher is lower)
+NICE = 10  # the background thread's scheduling priority (Linux nice value: higher is lower)
+PREEMPT_POLL_S = 0.05  # a reader interrupts a background round again this often until it has stopped
 Cursor = Callable[[], tuple[duckdb.DuckDBPyConnection, int]]  # a new cursor of the store, and its generation
 
 
@@ -64,7 +66,8 @@ class Normalizer:
         self._waiters = 0
         self._closing = False
         self._wake = threading.Condition()
-        self._in_round = threading.Lock()  # held through each round: see paused()
+        self._in_round = threading.Lock()  # held through each round: see paused() and wait_for()
+        self._preemptible: duckdb.DuckDBPyConnection | None = None  # the background round's cursor
         self.failure: str | None = None  # why rounds fail now, until one succeeds
         self.last_round: Round | None = None
         self.rounds = 0
@@ -98,20 +101,33 @@ class Normalizer:
             self._wake.notify_all()
 
     def wait_for(self, seq: int, timeout_s: float | None) -> bool:
-        """Block until the normalized tables include commit `seq`; False when `timeout_s` passed first."""
+        """Block until the normalized tables include commit `seq`; False when `timeout_s` passed first.
+
+        The waiting thread runs the rounds itself, at its own priority: a round of the background thread
+        (which runs below ingest) in progress is interrupted, and its work done here.
+        """
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         with self._wake:
             self._waiters += 1
-            self._wake.notify_all()  # a pause between rounds ends for a waiting reader
-            try:
-                while self._through < seq:
-                    left = None if deadline is None else deadline - time.monotonic()
-                    if left is not None and left <= 0:
-                        return False
-                    self._wake.wait(left)
-                return True
-            finally:
+            self._wake.notify_all()  # a pause between background rounds ends for a waiting reader
+        try:
+            while self._through < seq:
+                if deadline is not None and time.monotonic() >= deadline:
+                    return False
+                if not self._broken and self._in_round.acquire(blocking=False):
+                    try:
+                        self._round_here()
+                    finally:
+                        self._in_round.release()
+                    continue
+                self._preempt()
+                with self._wake:
+                    self._wake.wait(PREEMPT_POLL_S)
+            return True
+        finally:
+            with self._wake:
                 self._waiters -= 1
+                self._wake.notify_all()  # the background thread goes on when no reader waits
 
     def paused(self) -> threading.Lock:
         """Held, no round runs (its cursor is closed): the store reopens its connection under it."""
@@ -132,15 +148,21 @@ class Normalizer:
         os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), NICE)
         while True:
             with self._wake:
-                while (self._committed <= self._through or self._broken) and not self._closing:
+                # While readers wait, they run the rounds (at their priority): this thread stands aside.
+                while not self._closing and (self._waiters or self._broken or self.lag == 0):
                     self._wake.wait()
                 if self._committed <= self._through or self._broken:
                     return  # closing, and caught up (or unable to)
                 gap = 0.0 if self.last_round is None else min(self.last_round.seconds, MAX_GAP_S)
-                if gap and not self._waiters and not self._closing:
-                    self._wake.wait(gap)  # ends early when a reader starts waiting
+                pause_until = time.monotonic() + gap  # commits arriving meanwhile join the next round
+                while not (self._closing or self._waiters) and (left := pause_until - time.monotonic()) > 0:
+                    self._wake.wait(left)
+                if self._waiters and not self._closing:
+                    continue
             try:
                 self._round()
+            except duckdb.InterruptException:
+                continue  # a waiting reader took the round over
             except Exception as exc:  # the thread must survive: readers would wait for ever
                 if self._closing:  # the next open goes on from the durable watermark
                     log.error("normalizing stopped with the store, %d commits behind: %s", self.lag, exc)
@@ -148,27 +170,45 @@ class Normalizer:
                 self._failed(exc)
 
     def _round(self) -> None:
+        """A round of the background thread (interruptible: see wait_for)."""
         with self._in_round:
-            self._round_on_cursor()
+            self._round_on_cursor(preemptible=True)
 
-    def _round_on_cursor(self) -> None:
+    def _round_here(self) -> None:
+        """A round on a waiting reader's thread (the round lock held); a failure is recorded, not raised."""
+        if self._committed <= self._through:
+            return
+        try:
+            self._round_on_cursor(preemptible=False)
+        except Exception as exc:
+            self._failed(exc)
+
+    def _preempt(self) -> None:
+        running = self._preemptible
+        if running is not None:
+            with contextlib.suppress(duckdb.Error):  # it ended meanwhile
+                running.interrupt()
+
+    def _round_on_cursor(self, *, preemptible: bool) -> None:
         con, generation = self._cursor()
         try:
             if self._fills is None or generation != self._fills_generation:
                 self._fills, errors = normalize.build_scratch(con, self._files)
                 self._fills_generation = generation
                 self._check_fills(errors)
+            self._preemptible = con if preemptible else None  # from here on: not while building the scratch
             since = self._through
             until = self._round_end(con, since)
             try:
                 done = self._normalize(con, since, until)
             except (duckdb.Error, NormalizeError) as exc:
-                if is_storage_failure(exc) or until == since + 1:
+                if _not_the_datas_fault(exc) or until == since + 1:
                     raise
                 # Find the commit the views cannot normalize: one commit a round until it fails alone.
                 log.warning("normalizing commits %d-%d failed (%s): one by one now", since + 1, until, exc)
                 done = self._normalize(con, since, since + 1)
         finally:
+            self._preemptible = None
             con.close()
         if self.failure is not None:
             log.warning("normalizing works again (after: %s)", self.failure)
@@ -188,7 +228,7 @@ class Normalizer:
         try:
             return self._run_round(con, since, until)
         except (duckdb.Error, NormalizeError) as exc:
-            if until != since + 1 or is_storage_failure(exc):
+            if until != since + 1 or _not_the_datas_fault(exc):
                 raise
             # This commit's rows make the views fail: keep them (raw), skip them, say so, and go on.
             log.error("commit %d cannot be normalized, its rows stay in the raw tables only: %s", until, exc)
@@ -257,3 +297,8 @@ class Normalizer:
             return frozenset(c for (c,) in con.execute(f"SELECT commit_seq FROM {STATE}.skipped").fetchall())
         finally:
             con.close()
+
+
+def _not_the_datas_fault(exc: Exception) -> bool:
+    """Whether a round failed for a reason other than its rows: the storage, or a reader taking it over."""
+    return is_storage_failure(exc) or isinstance(exc, duckdb.InterruptException)
