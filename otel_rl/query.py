@@ -26,6 +26,9 @@ if TYPE_CHECKING:
 
 DEFAULT_DB = Path(".otel_rl") / "otel_rl.duckdb"
 DEFAULT_SERVER = "http://127.0.0.1:4318"
+# On each /v1/query answer: no row the statement read was written after this commit. Sent back as the body's
+# `after_commit`, it makes a read of the normalized tables wait for that commit only, not for every later one.
+SEEN_THROUGH_HEADER = "OTel-RL-Seen-Through"
 
 
 def sql_list(values: Sequence[str]) -> str:

@@ -7,9 +7,10 @@ import polars as pl
 import pyarrow as pa
 from anyio import to_thread
 from fastapi import APIRouter, Depends, Header, HTTPException, Request, Response
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
 
 from otel_rl.auth import Auth, admin_required
+from otel_rl.query import SEEN_THROUGH_HEADER
 from otel_rl.store import Store
 from otel_rl.store.sandbox import (
     QueryFailed,
@@ -30,6 +31,12 @@ class QueryIn(BaseModel):
     """The body of a query request."""
 
     sql: str
+    after_commit: int | None = Field(
+        default=None,
+        ge=0,
+        description=f"Read the normalized tables once they include this commit (a {SEEN_THROUGH_HEADER} an"
+        " earlier answer gave) instead of every commit made before the statement",
+    )
 
 
 @dataclass(frozen=True)
@@ -98,9 +105,12 @@ def query_router(store: Store, auth: Auth, limits: QueryLimits, running: Running
     ) -> Response:
         try:
             query = store.user_query(
-                body.sql, max_result_bytes=limits.max_result_bytes, timeout_s=limits.timeout_s
+                body.sql,
+                max_result_bytes=limits.max_result_bytes,
+                timeout_s=limits.timeout_s,
+                after_commit=body.after_commit,
             )
-        except ReadOnlyViolation as exc:
+        except ValueError as exc:  # ReadOnlyViolation, or an after_commit the store has not made
             raise HTTPException(400, f"query refused: {exc}") from None
         running.add(query)
         try:
@@ -117,9 +127,10 @@ def query_router(store: Store, auth: Auth, limits: QueryLimits, running: Running
             raise HTTPException(503, f"query stopped: {exc}", headers={"Retry-After": "1"}) from None
         finally:
             running.discard(query)
+        seen = {SEEN_THROUGH_HEADER: str(store.seen_through())}
         if accept and "application/json" in accept:
-            return Response(json_bytes(table), media_type="application/json")
-        return Response(arrow_stream_bytes(table), media_type=ARROW_STREAM)
+            return Response(json_bytes(table), media_type="application/json", headers=seen)
+        return Response(arrow_stream_bytes(table), media_type=ARROW_STREAM, headers=seen)
 
     return router
 

@@ -126,8 +126,9 @@ def test_a_resumed_launcher_trains_on_the_groups_left_running(otel_rl_server, tm
                 await launcher.aclose()
                 client.close()
 
-        chosen, stale, started_ns = asyncio.run(main())
-        assert sorted(chosen) == sorted(groups) and stale == 0 and started_ns is not None
+        found = asyncio.run(main())
+        assert sorted(found.groups) == sorted(groups) and found.stale == 0
+        assert found.started_ns is not None and found.seen_through is not None
         assert jobs_ever(stand) == before  # no group launched past the bound, no Job made again
         spans = status_spans(otel_rl_server, [r.rollout_id for r in rollouts], 4)
         attempts = {row["rollout_id"]: [row["attempt_id"]] for row in spans}  # slow: one attempt each

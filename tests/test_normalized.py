@@ -21,6 +21,7 @@ from rollout_traffic import rollout_requests
 from otel_rl.collector.ingest import logs_batch, traces_batch
 from otel_rl.store import Store
 from otel_rl.store.definitions import NORMALIZED
+from otel_rl.store.normalizer import NotNormalized
 from otel_rl.store.schema import default_transforms_dir
 
 
@@ -108,3 +109,25 @@ def test_a_commit_the_views_cannot_normalize_is_skipped_and_kept_raw_and_the_res
 
     assert rollouts == ["r-0", "r-1"] and raw == 3  # the poisoned rollout's spans are kept, raw
     assert len(skipped) == 1 and "a poisoned rollout" in skipped[0]["error"]
+
+
+def test_a_read_after_a_commit_waits_for_that_commit_only(tmp_path) -> None:
+    start = time.time_ns()
+    with Store(tmp_path / "store.duckdb") as store:
+        spans, reward = rollout_requests("r-0", start)
+        wait([store.submit(traces_batch(spans)), store.submit(logs_batch(store, reward))])
+        seen = store.seen_through()
+        store.wait_normalized()
+        with store.normalizer.paused():  # no round runs: later commits stay behind
+            later, _ = rollout_requests("r-1", start)
+            store.submit(traces_batch(later)).result()
+            assert store.normalizer.lag == 1
+            read = store.user_query("SELECT rollout_id FROM rollouts", timeout_s=5, after_commit=seen).run()
+            with pytest.raises(NotNormalized, match="1 commits behind"):
+                store.user_query("SELECT rollout_id FROM rollouts", timeout_s=0.5).run()
+            with pytest.raises(ValueError, match="the store's last commit is"):
+                store.user_query("SELECT 1", after_commit=store.seen_through() + 1)
+        store.wait_normalized()
+        both = store.query_arrow("SELECT rollout_id FROM rollouts ORDER BY 1")["rollout_id"].to_pylist()
+
+    assert read["rollout_id"].to_pylist() == ["r-0"] and both == ["r-0", "r-1"]

@@ -74,6 +74,29 @@ def test_the_query_endpoint_answers_json_when_asked(otel_rl_server) -> None:
     assert response.json() == [{"answer": 42, "ids": [1, 2]}]
 
 
+def test_an_answer_names_the_commit_it_saw_through_and_a_read_may_wait_for_that_one(otel_rl_server) -> None:
+    from otel_rl.train.server_client import ServerClient
+
+    request, trace_id = spans_request(2)
+    assert post(otel_rl_server, "/v1/traces", request.SerializeToString(), PROTOBUF).status_code == 200
+    client = ServerClient(otel_rl_server.http_url, otel_rl_server.token)
+    try:
+        raw, seen = client.query_seen(f"SELECT max(commit_seq) AS c FROM spans WHERE trace_id = '{trace_id}'")
+        assert seen >= raw["c"][0] > 0  # no row the read saw was written after the commit it names
+        normalized = client.query(
+            f"SELECT count(*) AS n FROM span_identity WHERE trace_id = '{trace_id}'", after_commit=seen
+        )
+        assert normalized["n"].to_list() == [2]  # the normalized rows of what the raw read saw
+        ahead = httpx.post(
+            f"{otel_rl_server.http_url}/v1/query",
+            json={"sql": "SELECT 1", "after_commit": seen + 10**6},
+            headers=otel_rl_server.auth,
+        )
+        assert ahead.status_code == 400 and "last commit is" in ahead.json()["detail"]
+    finally:
+        client.close()
+
+
 @pytest.mark.parametrize("output_format", ["csv", "json", "table"])
 def test_otel_rl_sql_prints_each_format_from_a_file(closed_db, output_format) -> None:
     db, trace_id = closed_db

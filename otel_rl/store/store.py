@@ -184,24 +184,40 @@ class Store:
         return self.user_query(sql).run()
 
     def user_query(
-        self, sql: str, *, max_result_bytes: int | None = None, timeout_s: float | None = None
+        self,
+        sql: str,
+        *,
+        max_result_bytes: int | None = None,
+        timeout_s: float | None = None,
+        after_commit: int | None = None,
     ) -> UserQuery:
         """One user statement to `run()` in the sandbox, which another thread may `stop()`. It runs once the
-        normalized tables include every commit made before it started (unless it reads raw tables only)."""
+        normalized tables include every commit made before it started (unless it reads raw tables only), or
+        with `after_commit`, commit `after_commit` (an earlier read's `seen_through()`): a reader that saw
+        raw rows reads their normalized rows without waiting for what arrived since. ValueError when that
+        commit was not made."""
+        if after_commit is not None and after_commit > self._writer.last_commit_seq:
+            raise ValueError(
+                f"after_commit {after_commit}: the store's last commit is {self._writer.last_commit_seq}"
+            )
         query = UserQuery(
             self._con, sql, max_result_bytes=max_result_bytes, timeout_s=timeout_s, prepare=self._read_archive
         )
-        query.before_run = partial(self._wait_unless_raw, sql, timeout_s)
+        query.before_run = partial(self._wait_unless_raw, sql, timeout_s, after_commit)
         return query
 
-    def _wait_unless_raw(self, sql: str, timeout_s: float | None) -> None:
+    def seen_through(self) -> int:
+        """Asked after a read: no row it saw was written after this commit."""
+        return self._writer.seen_through()
+
+    def _wait_unless_raw(self, sql: str, timeout_s: float | None, after_commit: int | None) -> None:
         parser = cursor(self._con)  # a cursor of its own: a DuckDB connection serves one thread at a time
         try:
             raw = reads_raw_tables_only(parser, sql)
         finally:
             parser.close()
         if not raw:
-            self.wait_normalized(timeout_s)
+            self.wait_normalized(timeout_s, after_commit)
 
     def _read_archive(self, query_cursor: duckdb.DuckDBPyConnection) -> None:
         """Make a query's raw tables (and the views over them) read the archived rows too."""
@@ -209,10 +225,10 @@ class Store:
             files = archive.listed_files(query_cursor)
         archive.shadow_raw_tables(query_cursor, self.path, files)
 
-    def wait_normalized(self, timeout_s: float | None = None) -> None:
-        """Block until the normalized tables include every commit made so far; NotNormalized after
-        `timeout_s` (NORMALIZED_WAIT_S when None)."""
-        target = self._writer.last_commit_seq
+    def wait_normalized(self, timeout_s: float | None = None, after_commit: int | None = None) -> None:
+        """Block until the normalized tables include every commit made so far (or commit `after_commit`);
+        NotNormalized after `timeout_s` (NORMALIZED_WAIT_S when None)."""
+        target = self._writer.last_commit_seq if after_commit is None else after_commit
         if not self._normalizer.wait_for(target, NORMALIZED_WAIT_S if timeout_s is None else timeout_s):
             failure = self._normalizer.failure
             raise NotNormalized(

@@ -92,6 +92,7 @@ class GroupCommitWriter:
     ) -> None:
         self._con = con
         self.last_commit_seq = last_commit_seq
+        self._committing = threading.Lock()  # held over COMMIT and the count after it: see seen_through()
         self._on_commit = on_commit
         self._insert = insert
         self._reopen = reopen
@@ -108,6 +109,12 @@ class GroupCommitWriter:
         self._wake = threading.Condition()
         self._thread = threading.Thread(target=self._run, name="otel-rl-store-writer", daemon=True)
         self._thread.start()
+
+    def seen_through(self) -> int:
+        """A commit no row a finished read has seen was written after: asked once the read ended, the last
+        commit made, or the one becoming visible now (counted once its COMMIT returns)."""
+        with self._committing:
+            return self.last_commit_seq
 
     def submit(self, batch: Batch, *, dedup: bool = True) -> Future:
         """Queue a batch; the future resolves (to None) once it is committed, or fails with the error."""
@@ -240,15 +247,16 @@ class GroupCommitWriter:
                 }
                 if tables:
                     self._insert(con, tables, dedup=dedup, commit_seq=commit_seq)
-            try:
-                con.execute("COMMIT")
-            except duckdb.Error as exc:
-                if _DURABLE_BUT_CHECKPOINT_FAILED not in str(exc):
-                    raise
-                log.error("a commit is durable but the checkpoint after it failed: %s", exc)
-                self._reopen_needed = True
+            with self._committing:
+                try:
+                    con.execute("COMMIT")
+                except duckdb.Error as exc:
+                    if _DURABLE_BUT_CHECKPOINT_FAILED not in str(exc):
+                        raise
+                    log.error("a commit is durable but the checkpoint after it failed: %s", exc)
+                    self._reopen_needed = True
+                self.last_commit_seq = commit_seq
             self.commits += 1
-            self.last_commit_seq = commit_seq
         except Exception:
             # A failed COMMIT has already ended the transaction; only roll back one that is still open.
             with contextlib.suppress(duckdb.TransactionException):

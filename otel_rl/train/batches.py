@@ -6,6 +6,7 @@ import asyncio
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import polars as pl
@@ -13,7 +14,7 @@ from rich.console import Console
 
 from otel_rl.train.config import TrainConfig
 from otel_rl.train.groups import read_groups
-from otel_rl.train.launcher import GroupLauncher
+from otel_rl.train.launcher import Collected, GroupLauncher
 from otel_rl.train.server_client import OnlineTrainingError, ServerClient
 
 EMPTY_ROUNDS = 3  # batches of groups in a row without a sample before the loop gives up
@@ -45,11 +46,12 @@ async def collect_batch(
     for _ in range(EMPTY_ROUNDS):
         show(f"collecting {config.algorithm.groups_per_step} groups")
         collect_started = time.monotonic()
-        groups, stale, started_ns = await launcher.collect(version)
-        stale_total += stale
+        found = await launcher.collect(version)
+        groups = found.groups
+        stale_total += found.stale
         collected = time.monotonic()
         show("building samples")
-        samples, report = await asyncio.to_thread(group_samples, config, client, groups, started_ns, version)
+        samples, report = await asyncio.to_thread(group_samples, config, client, found, version)
         transformed = time.monotonic()
         why = report.why_dropped(trust_setting)  # the senders' text: printed without rich markup
         if report.untrusted_rewards or not samples.height:
@@ -66,13 +68,15 @@ async def collect_batch(
 
 
 def group_samples(
-    config: TrainConfig, client: ServerClient, groups: list[str], started_ns: int | None, version: int
+    config: TrainConfig, client: ServerClient, found: Collected, version: int
 ) -> tuple[pl.DataFrame, Any]:
-    """The samples of the groups' final attempts (the oldest started at `started_ns`, when known) for an
-    update of policy `version` (exact token ids: no tokenizer needed)."""
+    """The samples of the groups' final attempts for an update of policy `version` (exact token ids: no
+    tokenizer needed). The normalized tables are read once they include the commits collecting saw, not
+    every one the next groups made since."""
     from otel_rl.transforms.samples import SampleOptions, build_samples
 
-    calls, rollouts, rewards = read_groups(client.query, groups, started_ns)
+    query = partial(client.query, after_commit=found.seen_through)
+    calls, rollouts, rewards = read_groups(query, found.groups, found.started_ns)
     options = SampleOptions(
         reward=config.reward.spec(),
         estimator=config.algorithm.advantage_estimator,

@@ -65,8 +65,10 @@ class Evaluator:
         group_id = f"{self.run_id}-{name}-{new_id()[:8]}"
         rollouts = [Rollout(new_id(), group_id, task.task_id, task.payload, "val") for task in self.val_tasks]
         results = await asyncio.gather(*(runner.run_rollout(rollout) for rollout in rollouts))
-        await await_in_store(self.client, results)
-        rows = self.client.query(f"SELECT outcome_reward FROM rollouts WHERE group_id = '{group_id}'")
+        _, seen = await await_in_store(self.client, results)
+        rows = self.client.query(
+            f"SELECT outcome_reward FROM rollouts WHERE group_id = '{group_id}'", after_commit=seen
+        )
         rewards = rows["outcome_reward"].fill_null(0.0)  # no reward (the harness failed): a failure
         record = EvalRecord(
             name=name,

@@ -165,22 +165,26 @@ def read_groups(
     return calls, rollouts, rewards
 
 
-async def await_in_store(client: ServerClient, results: Sequence[RolloutResult]) -> dict[str, int | None]:
-    """Wait until the store has the status span of every final attempt; the groups' oldest versions.
+async def await_in_store(
+    client: ServerClient, results: Sequence[RolloutResult]
+) -> tuple[dict[str, int | None], int | None]:
+    """Wait until the store has the status span of every final attempt; the groups' oldest versions, and a
+    commit those spans were written at or before (None without attempts): reads of their normalized rows
+    need wait for no later one (ServerClient.query_seen).
 
     The controller exports an attempt's span after its harness exited, so by then the harness's own
     spans and rewards (exported before it exits) and the gateway's call spans are in the store too.
     """
     finals = {r.attempts[-1].attempt_id: r.rollout.group_id for r in results}
     if not finals:
-        return {}
+        return {}, None
     since = min(r.attempts[-1].start_time_unix_nano for r in results) - CLOCK_SLACK_NS
     deadline = time.monotonic() + STORE_WAIT_S
     while True:
-        rows = await asyncio.to_thread(client.query, attempt_progress_sql(sorted(finals), since))
+        rows, seen = await asyncio.to_thread(client.query_seen, attempt_progress_sql(sorted(finals), since))
         missing = set(finals) - set(rows.filter(pl.col("finished"))["attempt_id"])
         if not missing:
-            return oldest_versions(rows, finals)
+            return oldest_versions(rows, finals), seen
         if time.monotonic() > deadline:
             raise OnlineTrainingError(
                 f"{len(missing)} finished rollouts have no status in the store after "

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 from otel_rl.controller import Rollout, RolloutResult, group_rollouts, new_id
 from otel_rl.train.groups import await_in_store
@@ -28,6 +28,17 @@ if TYPE_CHECKING:
 class _FinishedGroup:
     group_id: str
     results: list[RolloutResult]  # empty for a group found finished in the store at resume
+
+
+class Collected(NamedTuple):
+    """A step's groups, as collect() found them."""
+
+    groups: list[str]
+    stale: int  # groups dropped meanwhile, older than max_staleness
+    # When the oldest of their final attempts started, and a commit their status spans were written at or
+    # before (both None when a group was found finished at resume: its attempts are not known here).
+    started_ns: int | None
+    seen_through: int | None
 
 
 def max_outstanding(config: TrainConfig) -> int:
@@ -74,20 +85,21 @@ class GroupLauncher:
             self._outstanding += 1
         self._launching = asyncio.create_task(self._launch_groups(set(reused) | set(self.state.consumed)))
 
-    async def collect(self, version: int) -> tuple[list[str], int, int | None]:
-        """B finished groups whose spans are all in the store and none older than max_staleness; how many
-        stale ones were dropped meanwhile; and when the oldest of their final attempts started (None when one
-        was found finished at resume: its attempts are not known here)."""
+    async def collect(self, version: int) -> Collected:
+        """B finished groups whose spans are all in the store and none older than max_staleness."""
         need = self.config.algorithm.groups_per_step
         oldest = version - self.config.algorithm.max_staleness
         chosen: list[str] = []
         starts: list[int | None] = []
         stale = 0
+        seen: list[int | None] = []
         while len(chosen) < need:
             batch = [await self._next_finished()]
             while len(chosen) + len(batch) < need and not self._finished.empty():
                 batch.append(self._finished.get_nowait())
-            versions = await await_in_store(self.client, [r for group in batch for r in group.results])
+            results = [r for group in batch for r in group.results]
+            versions, seen_at = await await_in_store(self.client, results)
+            seen.append(seen_at)
             for group in batch:
                 group_version = versions.get(group.group_id)
                 if group_version is not None and group_version < oldest:
@@ -96,7 +108,9 @@ class GroupLauncher:
                 else:
                     chosen.append(group.group_id)
                     starts += [r.attempts[-1].start_time_unix_nano for r in group.results] or [None]
-        return chosen, stale, None if None in starts else min(starts)
+        return Collected(
+            chosen, stale, None if None in starts else min(starts), None if None in seen else max(seen)
+        )
 
     async def release(self, n_groups: int) -> None:
         """Make room for `n_groups` new groups: these were trained on or dropped."""

@@ -29,12 +29,20 @@ class ServerClient:
             timeout=httpx.Timeout(600, connect=5),
         )
 
-    def query(self, sql: str) -> pl.DataFrame:
+    def query(self, sql: str, *, after_commit: int | None = None) -> pl.DataFrame:
         """One read-only statement over the store, on this client's kept-alive connection (a new client per
-        query spent a quarter of a step's reads setting up TLS contexts)."""
-        from otel_rl.query import query_result
+        query spent a quarter of a step's reads setting up TLS contexts); `after_commit`: see query_seen."""
+        return self.query_seen(sql, after_commit=after_commit)[0]
 
-        return pl.from_arrow(query_result(self._request("POST", "/v1/query", json={"sql": sql}), self.url))
+    def query_seen(self, sql: str, *, after_commit: int | None = None) -> tuple[pl.DataFrame, int]:
+        """The statement's rows, and a commit no row it read was written after. Passed on as `after_commit`,
+        a read of the normalized tables waits for that commit only (not for the later ones)."""
+        from otel_rl.query import SEEN_THROUGH_HEADER, query_result
+
+        body = {"sql": sql} if after_commit is None else {"sql": sql, "after_commit": after_commit}
+        response = self._request("POST", "/v1/query", json=body)
+        frame = pl.from_arrow(query_result(response, self.url))
+        return frame, int(response.headers[SEEN_THROUGH_HEADER])
 
     def issue_rollout_key(self, identity: Mapping[str, str]) -> str:
         """A key that acts for one rollout only: its OTLP exports and its model calls (with this identity)."""
