@@ -123,7 +123,8 @@ def create_views(con: duckdb.DuckDBPyConnection, transforms_dir: Path) -> Schema
         if scratch_errors:  # the normalized tables cannot be shaped: kept as they are until the SQL is fixed
             log.error("the normalized tables are not rebuilt while the views fail: %s", scratch_errors)
         else:
-            log.warning("normalizing the store again from its first commit (the view definitions changed)")
+            if stored is not None:  # a new store has nothing to normalize again
+                log.warning("normalizing the store again from its first commit (the views changed)")
             normalize.create_normalized_tables(con, defined, rebuild=True)
             normalize.write_state(con, 0, fingerprint)
             schema.through, unchanged = 0, 0
