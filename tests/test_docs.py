@@ -1,0 +1,80 @@
+"""The documentation's journeys run as written: every block a page marks `<!-- run -->`
+(tests/docs_runner.py), in order, in a fresh folder, against real servers and real vLLM on loopback."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+from docs_runner import REPOSITORY, run_pages, runnable_blocks, script
+
+from otel_rl.query import query
+
+DOCS = REPOSITORY / "docs"
+PAGE_TIMEOUT_S = 300.0
+
+
+def run_journey(pages: list[Path], folder: Path) -> float:
+    """Run the pages' blocks in `folder`; their output on failure; the seconds they took."""
+    started = time.monotonic()
+    result = run_pages(pages, folder, timeout_s=PAGE_TIMEOUT_S)
+    took = time.monotonic() - started
+    assert result.returncode == 0, (
+        f"{[p.name for p in pages]} failed after {took:.0f} s:\n{result.stdout[-6000:]}"
+    )
+    print(f"{' + '.join(p.name for p in pages)}: {took:.1f} s")
+    return took
+
+
+def test_quickstart_as_written_traces_the_calculator_agent_through_the_gateway(tmp_path: Path) -> None:
+    run_journey([DOCS / "quickstart.md"], tmp_path)
+    db = [tmp_path / ".otel_rl" / "otel_rl.duckdb"]
+    rollouts = query("SELECT rollout_id, status, n_calls, outcome_reward FROM rollouts", db=db)
+    assert rollouts.height == 1
+    assert rollouts["status"][0] == "ok" and rollouts["n_calls"][0] >= 1
+    calls = query(
+        "SELECT len(prompt_token_ids) AS n_prompt, len(completion_token_ids[1]) AS n_completion"
+        " FROM llm_calls",
+        db=db,
+    )
+    # Through the gateway: the exact token counts of every call were recorded.
+    assert calls.height == rollouts["n_calls"][0]
+    assert (calls["n_prompt"] > 0).all() and (calls["n_completion"] > 0).all()
+
+
+def test_every_run_marker_of_the_pages_opens_a_block_the_runner_can_run() -> None:
+    pages = [REPOSITORY / "README.md", *sorted(DOCS.glob("*.md")), REPOSITORY / "examples" / "README.md"]
+    marked = {page.name: runnable_blocks(page) for page in pages}
+    assert marked["quickstart.md"], "the quick start has runnable blocks"
+    for blocks in marked.values():
+        assert "set -euo pipefail" in script(blocks, wait_s=1)
+
+
+@pytest.mark.parametrize(
+    ("text", "error"),
+    [
+        ("<!-- run -->\nno fence here\n", "must be followed by a fenced block"),
+        ("<!-- run -->\n```bash\necho never closed\n", "never closed"),
+        ("<!-- run: sleep 3 -->\n```bash\necho hi\n```\n", "unknown run option"),
+        ("<!-- run -->\n```yaml\na: 1\n```\n", "cannot run a 'yaml' block"),
+    ],
+)
+def test_a_run_marker_that_would_run_nothing_is_an_error(tmp_path: Path, text: str, error: str) -> None:
+    page = tmp_path / "page.md"
+    page.write_text(text)
+    with pytest.raises(ValueError, match=error):
+        runnable_blocks(page)
+
+
+def test_a_failing_block_stops_the_page_and_names_it(tmp_path: Path) -> None:
+    page = tmp_path / "page.md"
+    page.write_text(
+        "<!-- run -->\n```bash\nsleep 300 &\necho first\n```\n\n"
+        "<!-- run -->\n```bash\nfalse\necho after\n```\n"
+    )
+    started = time.monotonic()
+    result = run_pages([page], tmp_path / "run", timeout_s=60)
+    assert result.returncode != 0
+    assert "## page.md:8" in result.stdout and "first" in result.stdout and "after" not in result.stdout
+    assert time.monotonic() - started < 30  # the background `sleep 300` was stopped with the page
