@@ -1,10 +1,19 @@
 """Reading an HTTP request body no larger than a limit (the collector's exports, the gateway's calls)."""
 
-from starlette.requests import Request
+import logging
+
+from starlette.requests import ClientDisconnect, Request
+
+log = logging.getLogger(__name__)
 
 
 class BodyTooLarge(ValueError):
     """The body, compressed or decompressed, is over the configured limit (HTTP 413)."""
+
+
+class ClientGone(ConnectionError):
+    """The client's connection closed before its whole body arrived (it left, or was too slow to send it);
+    logged here as one line: there is nobody to answer."""
 
 
 async def read_body(request: Request, max_bytes: int) -> bytes:
@@ -15,9 +24,16 @@ async def read_body(request: Request, max_bytes: int) -> bytes:
         raise BodyTooLarge(f"body of {declared} bytes is over the limit of {max_bytes} bytes")
     chunks = []
     size = 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > max_bytes:
-            raise BodyTooLarge(f"body is over the limit of {max_bytes} bytes")
-        chunks.append(chunk)
+    try:
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > max_bytes:
+                raise BodyTooLarge(f"body is over the limit of {max_bytes} bytes")
+            chunks.append(chunk)
+    except ClientDisconnect:
+        client = request.client.host if request.client else "unknown"
+        log.warning(
+            "%s %s: the client (%s) left after %d body bytes", request.method, request.url.path, client, size
+        )
+        raise ClientGone(f"the connection closed after {size} body bytes") from None
     return b"".join(chunks)

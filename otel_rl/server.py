@@ -9,6 +9,8 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
+from otel_rl.connections import ConnectionLimits
+
 if TYPE_CHECKING:
     from otel_rl.archive_api import ScheduleSettings
 
@@ -47,6 +49,9 @@ class ServeSettings:
     drain_timeout_s: float = 30.0  # how long a reload lets calls in flight finish before aborting them
     tokenizer: Path | None = None  # the model folder whose tokenizer decodes tokens in /ui; default: model
     archive: "ScheduleSettings | None" = None  # an archive run at start, then hourly; None: no run
+    # The HTTP port's caps and read deadlines (otel_rl/connections.py, docs/security.md#availability)
+    connections: ConnectionLimits = field(default_factory=ConnectionLimits)
+    shutdown_timeout_s: float = 10.0  # after SIGTERM, how long requests in flight may take to finish
 
 
 def create_app(settings: ServeSettings):  # noqa: ANN201 - FastAPI, imported lazily to keep the CLI fast
@@ -303,9 +308,29 @@ def serve(
             " at start, then hourly"
         ),
     ] = None,
+    max_connections: Annotated[
+        int,
+        typer.Option(
+            min=1,
+            help="HTTP connections open at once; more are answered 503 (at most half the open-file limit)",
+        ),
+    ] = ConnectionLimits.max_connections,
+    max_connections_per_client: Annotated[
+        int, typer.Option(min=1, help="HTTP connections one client address may hold; more are answered 503")
+    ] = ConnectionLimits.max_connections_per_client,
+    header_timeout: Annotated[
+        float, typer.Option(min=0.001, help="Seconds a client has to send a request's headers (else 408)")
+    ] = ConnectionLimits.header_timeout_s,
+    body_timeout: Annotated[
+        float,
+        typer.Option(min=0.001, help="Seconds a request body may go without a byte before it is dropped"),
+    ] = ConnectionLimits.body_timeout_s,
+    shutdown_timeout: Annotated[
+        float,
+        typer.Option(min=0.0, help="Seconds after SIGTERM/SIGINT that requests in flight may take to finish"),
+    ] = 10.0,
 ) -> None:
     """Run the server: OTLP receivers (HTTP and gRPC), the SQL query API and rewards, over one DuckDB file."""
-    import uvicorn
     from rich.console import Console
 
     from otel_rl.archive_api import ScheduleSettings
@@ -336,6 +361,13 @@ def serve(
         drain_timeout_s=drain_timeout,
         tokenizer=tokenizer,
         archive=archive,
+        connections=ConnectionLimits(
+            max_connections=max_connections,
+            max_connections_per_client=max_connections_per_client,
+            header_timeout_s=header_timeout,
+            body_timeout_s=body_timeout,
+        ),
+        shutdown_timeout_s=shutdown_timeout,
     )
     from otel_rl.store.wal import StoreDamaged
 
@@ -356,8 +388,31 @@ def serve(
     console.print(f"gateway on http://{host}:{http_port}/v1 → vLLM {servers}{local}")
     console.print(f"web view: {app.state.ui_url}", soft_wrap=True)
     # uvicorn turns SIGINT/SIGTERM into a clean shutdown; the lifespan then stops gRPC and closes the store.
-    config = uvicorn.Config(app, host=host, port=http_port, log_level="warning", access_log=False)
+    config = uvicorn_config(app, settings)
     _uvicorn_server(config, on_exit=app.state.queries.stop_all).run()
+
+
+def uvicorn_config(app, settings: ServeSettings):  # noqa: ANN001, ANN201 - uvicorn is imported lazily
+    """uvicorn's configuration of the HTTP port: its caps and read deadlines, and a bounded shutdown."""
+    from functools import partial
+
+    import uvicorn
+
+    from otel_rl.connections import ConnectionCounts, raise_descriptor_limit
+    from otel_rl.guarded_http import GuardedHttpProtocol
+
+    raise_descriptor_limit()  # before the caps are set within it
+    counts = ConnectionCounts.within_descriptors(settings.connections)
+    return uvicorn.Config(
+        app,
+        host=settings.host,
+        port=settings.http_port,
+        log_level="warning",
+        access_log=False,
+        http=partial(GuardedHttpProtocol, counts=counts),
+        ws="none",  # no route is a WebSocket; an upgraded connection would leave the counts
+        timeout_graceful_shutdown=settings.shutdown_timeout_s,
+    )
 
 
 def _uvicorn_server(config, *, on_exit):  # noqa: ANN001, ANN202 - uvicorn is imported lazily

@@ -1,6 +1,7 @@
 """A real `otel-rl serve` subprocess on free loopback ports, for tests (see the otel_rl_server fixture)."""
 
 import os
+import resource
 import signal
 import subprocess
 import sys
@@ -19,9 +20,16 @@ class ServerProcess:
     """`otel-rl serve --db DB` run in `workdir`: `.start()`, `.stop()` (SIGTERM) or `.kill()` (SIGKILL)."""
 
     def __init__(
-        self, db: Path, workdir: Path, *, token: str = "test-admin-token", flags: tuple[str, ...] = ()
+        self,
+        db: Path,
+        workdir: Path,
+        *,
+        token: str = "test-admin-token",
+        flags: tuple[str, ...] = (),
+        max_open_files: int | None = None,
     ) -> None:
         self.db = db
+        self.max_open_files = max_open_files  # the process's RLIMIT_NOFILE (soft and hard), else inherited
         self.flags = flags  # more `otel-rl serve` flags, e.g. ("--vllm", url) for the gateway
         self.workdir = workdir
         self.token = token
@@ -41,7 +49,7 @@ class ServerProcess:
         env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
         with self.log_path.open("ab") as log:
             self.process = subprocess.Popen(
-                args, cwd=self.workdir, stdout=log, stderr=subprocess.STDOUT, env=env
+                args, cwd=self.workdir, stdout=log, stderr=subprocess.STDOUT, env=env, preexec_fn=self._limits
             )
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
@@ -55,6 +63,10 @@ class ServerProcess:
             time.sleep(0.1)
         self.kill()
         raise TimeoutError(f"otel-rl serve did not become healthy in {timeout}s:\n{self.log()}")
+
+    def _limits(self) -> None:
+        if self.max_open_files is not None:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (self.max_open_files, self.max_open_files))
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""

@@ -23,7 +23,7 @@ from otel_rl.collector.decode import (
     parse_request,
 )
 from otel_rl.collector.export import PreparedExport, prepare_export
-from otel_rl.http_body import BodyTooLarge, read_body
+from otel_rl.http_body import BodyTooLarge, ClientGone, read_body
 from otel_rl.observability.ingest import IngestMetrics
 from otel_rl.store import Saturated, Store
 from otel_rl.store.writer import StoreUnavailable
@@ -107,6 +107,8 @@ def _as_failure(exc: Exception) -> HTTPFailure:
         return HTTPFailure(415, str(exc))
     if isinstance(exc, BodyTooLarge):
         return HTTPFailure(413, str(exc))
+    if isinstance(exc, ClientGone):  # logged by read_body; the answer reaches nobody
+        return HTTPFailure(400, str(exc))
     if isinstance(exc, DecodeError):
         return HTTPFailure(400, str(exc))
     if isinstance(exc, Saturated):

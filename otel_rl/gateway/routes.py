@@ -15,7 +15,7 @@ from otel_rl.gateway.external_routes import external_router
 from otel_rl.gateway.protocols import Protocol, ProtocolError, Route, protocols
 from otel_rl.gateway.proxy import Gateway
 from otel_rl.gateway.reload import ReloadRejected
-from otel_rl.http_body import BodyTooLarge, read_body
+from otel_rl.http_body import BodyTooLarge, ClientGone, read_body
 from otel_rl.store import Saturated, StoreUnavailable
 
 
@@ -98,6 +98,8 @@ class ModelCallRoutes:
             return await read_body(request, self.gateway.settings.max_request_bytes)
         except BodyTooLarge as error:
             raise CallError(413, f"the request {error}", "RequestTooLargeError") from None
+        except ClientGone as error:  # logged by read_body; the answer reaches nobody
+            raise CallError(400, str(error), "BadRequestError") from None
 
     async def _count_tokens(self, scope: Scope, receive: Receive, send: Send) -> None:
         """Messages' `count_tokens`: the prompt's length as vLLM renders it for the same request."""

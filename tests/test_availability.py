@@ -1,0 +1,201 @@
+"""Availability under hostile clients: slow and piled-up connections, vanishing clients, SIGTERM under load.
+
+Every attack is sent as a client would, on raw loopback sockets to a real `otel-rl serve` process; the counts
+stay small by lowering the server's caps and its open-file limit instead of opening 21,000 sockets.
+"""
+
+import resource
+import select
+import signal
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import httpx
+import pytest
+from fake_vllm import MODEL, FakeVLLM, Fault
+from otel_rl_server import ServerProcess
+from test_collector_grpc import raw_trace_export
+from test_collector_http import spans_request
+
+HEADER_TIMEOUT_S = 2.0
+BODY_TIMEOUT_S = 2.0
+PER_CLIENT = 40
+HALF_REQUEST = b"POST /v1/traces HTTP/1.1\r\nHost: otel-rl\r\nX-Slow: "  # headers that never end
+MARGIN_S = 3.0  # scheduling on a loaded test machine
+
+
+def guarded_server(tmp_path, *flags: str, max_open_files: int | None = None) -> ServerProcess:
+    flags = ("--header-timeout", str(HEADER_TIMEOUT_S), "--body-timeout", str(BODY_TIMEOUT_S), *flags)
+    server = ServerProcess(tmp_path / "store.duckdb", tmp_path, flags=flags, max_open_files=max_open_files)
+    return server.start()
+
+
+@contextmanager
+def slow_clients(
+    server: ServerProcess, count: int, source: str, first: bytes = HALF_REQUEST
+) -> Iterator[list]:
+    """`count` connections from the loopback address `source`, each having sent `first` and nothing more."""
+    sockets = []
+    try:
+        for _ in range(count):
+            sock = socket.create_connection(
+                ("127.0.0.1", server.http_port), timeout=5, source_address=(source, 0)
+            )
+            sock.sendall(first)
+            sockets.append(sock)
+        yield sockets
+    finally:
+        for sock in sockets:
+            sock.close()
+
+
+def answer(sock: socket.socket, timeout_s: float) -> bytes | None:
+    """What the server sent before closing the connection; None when it is still open after `timeout_s`."""
+    sock.settimeout(timeout_s)
+    received = b""
+    try:
+        while chunk := sock.recv(65536):
+            received += chunk
+    except TimeoutError:
+        return None
+    except ConnectionResetError:
+        pass
+    return received
+
+
+def status_of(reply: bytes | None) -> int | None:
+    return int(reply.split(b" ", 2)[1]) if reply else None
+
+
+def exports_work(server: ServerProcess) -> None:
+    """Health, an OTLP/HTTP export and an OTLP/gRPC export, each answered promptly."""
+    assert httpx.get(f"{server.http_url}/healthz", timeout=5).status_code == 200
+    request, _ = spans_request(2)
+    headers = server.auth | {"content-type": "application/x-protobuf"}
+    exported = httpx.post(
+        f"{server.http_url}/v1/traces", content=request.SerializeToString(), headers=headers
+    )
+    assert exported.status_code == 200, exported.text
+    raw_trace_export(server, spans_request(2)[0].SerializeToString(), server.token)
+
+
+@pytest.fixture(autouse=True)
+def room_for_sockets() -> None:
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft < 2048 <= hard:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (2048, hard))
+
+
+def test_a_flood_of_slow_connections_from_one_address_leaves_health_and_exports_working(tmp_path):
+    # 600 connections where the server may open 512 files: before the caps they took every descriptor
+    server = guarded_server(tmp_path, "--max-connections-per-client", str(PER_CLIENT), max_open_files=512)
+    try:
+        with slow_clients(server, 600, "127.0.0.2") as flood:
+            opened = time.monotonic()
+            exports_work(server)
+            replies = [answer(sock, HEADER_TIMEOUT_S + MARGIN_S) for sock in flood]
+            closed = time.monotonic()
+        statuses = [status_of(reply) for reply in replies]
+        assert (statuses.count(503), statuses.count(408)) == (600 - PER_CLIENT, PER_CLIENT)
+        assert b"--max-connections-per-client" in replies[-1] and b"retry-after: 1" in replies[-1]
+        assert closed - opened < HEADER_TIMEOUT_S + MARGIN_S  # the held ones were cut at the deadline
+        exports_work(server)
+    finally:
+        server.stop()
+    assert "Traceback" not in server.log()
+
+
+def test_connections_over_the_total_cap_are_refused_and_grpc_keeps_working(tmp_path):
+    flags = ("--max-connections", "60", "--max-connections-per-client", str(PER_CLIENT))
+    server = guarded_server(tmp_path, *flags)
+    try:
+        with (
+            slow_clients(server, PER_CLIENT, "127.0.0.2"),
+            slow_clients(server, PER_CLIENT, "127.0.0.3") as more,
+        ):
+            time.sleep(0.3)
+            answered, _, _ = select.select(more, [], [], 0)  # the others are still open
+            assert len(answered) == 2 * PER_CLIENT - 60
+            assert {status_of(answer(sock, 1)) for sock in answered} == {503}
+            refused = httpx.get(f"{server.http_url}/healthz", timeout=5)
+            assert refused.status_code == 503 and "--max-connections" in refused.text
+            raw_trace_export(server, spans_request(2)[0].SerializeToString(), server.token)  # another port
+            time.sleep(HEADER_TIMEOUT_S + 0.5)  # the held ones time out and free the slots
+            exports_work(server)
+    finally:
+        server.stop()
+
+
+def test_a_body_that_stops_arriving_is_dropped_with_one_log_line(tmp_path):
+    server = guarded_server(tmp_path)
+    headers = f"POST /v1/traces HTTP/1.1\r\nHost: otel-rl\r\nAuthorization: Bearer {server.token}\r\n"
+    headers += "Content-Type: application/x-protobuf\r\nContent-Length: 1000\r\n\r\n"
+    try:
+        with slow_clients(server, 3, "127.0.0.1", headers.encode() + b"\x0a\x05") as stalled:
+            started = time.monotonic()
+            assert [answer(sock, BODY_TIMEOUT_S + MARGIN_S) for sock in stalled] == [b""] * 3  # closed
+            assert time.monotonic() - started < BODY_TIMEOUT_S + MARGIN_S
+        exports_work(server)
+    finally:
+        server.stop()
+    log = server.log()
+    assert "Traceback" not in log and "Exception in ASGI application" not in log, log
+    assert log.count("no request body bytes within") == 3, log
+
+
+def test_oversized_headers_are_refused_before_they_are_buffered(tmp_path):
+    server = guarded_server(tmp_path)
+    try:
+        with slow_clients(server, 1, "127.0.0.1", HALF_REQUEST + b"x" * (80 * 1024)) as [sock]:
+            assert status_of(answer(sock, 5)) == 431
+    finally:
+        server.stop()
+
+
+def stream_chat(server: ServerProcess, results: list, errors: list) -> None:
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "Hi"}], "stream": True}
+    try:
+        with httpx.stream("POST", f"{server.http_url}/v1/chat/completions", json=body, headers=server.auth,
+                          timeout=60) as response:  # fmt: skip
+            results.append("".join(response.iter_text()))
+    except httpx.HTTPError as error:
+        errors.append(error)
+
+
+def test_a_stream_longer_than_every_read_deadline_is_not_cut(tmp_path):
+    with FakeVLLM(lambda request, index: "one two three four five six seven eight") as fake:
+        fake.inject(Fault(chunk_delay_s=0.5))  # about 5 s of chunks: more than both deadlines
+        server = guarded_server(tmp_path, "--vllm", fake.url)
+        try:
+            results, errors = [], []
+            stream_chat(server, results, errors)
+        finally:
+            server.stop()
+    assert not errors and results[0].rstrip().endswith("data: [DONE]"), (errors, results)
+    assert "eight" in results[0]
+
+
+def test_sigterm_under_load_ends_the_server_within_the_shutdown_timeout(tmp_path):
+    with FakeVLLM(lambda request, index: "word " * 200) as fake:
+        fake.inject(*[Fault(chunk_delay_s=0.5)] * 4)  # streams of 100 s
+        server = guarded_server(tmp_path, "--vllm", fake.url, "--shutdown-timeout", "2")
+        results, errors = [], []
+        streams = [threading.Thread(target=stream_chat, args=(server, results, errors)) for _ in range(4)]
+        for stream in streams:
+            stream.start()
+        body_head = f"POST /v1/traces HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {server.token}\r\n"
+        body_head += "Content-Length: 1000\r\n\r\nabc"
+        with slow_clients(server, 100, "127.0.0.2"), slow_clients(server, 5, "127.0.0.3", body_head.encode()):
+            time.sleep(1.0)  # the streams are running
+            assert fake.requests, "no stream reached the upstream"
+            started = time.monotonic()
+            server.process.send_signal(signal.SIGTERM)
+            code = server.process.wait(30)
+            took = time.monotonic() - started
+        for stream in streams:
+            stream.join(10)
+    assert code in (0, -signal.SIGTERM), server.log()
+    assert took < 2 + 8, f"the server took {took:.1f} s to stop:\n{server.log()}"
