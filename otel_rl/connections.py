@@ -14,6 +14,8 @@ from dataclasses import dataclass, field
 
 log = logging.getLogger(__name__)
 
+# In the scope of a request whose connection the server closed for its slowness: why (read_body logs it)
+CUT_REASON = "otel_rl.connection_cut"
 REFUSAL_LOG_INTERVAL_S = 10.0  # refused connections are logged as one count per interval, not one line each
 
 

@@ -11,7 +11,7 @@ import logging
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
-from otel_rl.connections import ConnectionCounts
+from otel_rl.connections import CUT_REASON, ConnectionCounts
 
 log = logging.getLogger(__name__)
 
@@ -100,12 +100,13 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         if self.flow is not None and self.flow.read_paused:  # the app is not reading: not the client's delay
             self._arm(seconds, waiting_for)
             return
-        log.warning(
-            "closed an HTTP connection from %s: no %s within %g s", self._address, waiting_for, seconds
-        )
+        why = f"no {waiting_for} within {seconds:g} s"
         if self.cycle is None or self.cycle.response_complete or self._header_bytes is not None:
-            self._close("408 Request Timeout", f"no {waiting_for} within {seconds:g} s\n")
-        else:  # the app has the request: it hears the disconnect; a response of ours would garble its own
+            log.warning("closed an HTTP connection from %s: %s", self._address, why)
+            self._close("408 Request Timeout", why + "\n")
+        else:  # the app has the request: it hears the disconnect (and logs it with this reason); a response
+            # of ours would garble its own
+            self.cycle.scope[CUT_REASON] = why
             self.transport.close()
 
     def _close(self, status: str, message: str) -> None:

@@ -4,6 +4,8 @@ import logging
 
 from starlette.requests import ClientDisconnect, Request
 
+from otel_rl.connections import CUT_REASON
+
 log = logging.getLogger(__name__)
 
 
@@ -32,8 +34,14 @@ async def read_body(request: Request, max_bytes: int) -> bytes:
             chunks.append(chunk)
     except ClientDisconnect:
         client = request.client.host if request.client else "unknown"
+        why = request.scope.get(CUT_REASON, "the client left")
         log.warning(
-            "%s %s: the client (%s) left after %d body bytes", request.method, request.url.path, client, size
+            "%s %s from %s: closed after %d body bytes: %s",
+            request.method,
+            request.url.path,
+            client,
+            size,
+            why,
         )
-        raise ClientGone(f"the connection closed after {size} body bytes") from None
+        raise ClientGone(f"the connection closed after {size} body bytes: {why}") from None
     return b"".join(chunks)

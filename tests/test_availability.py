@@ -129,21 +129,29 @@ def test_connections_over_the_total_cap_are_refused_and_grpc_keeps_working(tmp_p
         server.stop()
 
 
-def test_a_body_that_stops_arriving_is_dropped_with_one_log_line(tmp_path):
+def body_head(server: ServerProcess, path: str) -> bytes:
+    """A request's headers announcing 1000 body bytes, and the first two of them."""
+    head = f"POST {path} HTTP/1.1\r\nHost: otel-rl\r\nAuthorization: Bearer {server.token}\r\n"
+    return (head + "Content-Type: application/x-protobuf\r\nContent-Length: 1000\r\n\r\n").encode() + b"{}"
+
+
+def test_a_body_that_stops_arriving_or_a_client_that_leaves_is_one_log_line(tmp_path):
     server = guarded_server(tmp_path)
-    headers = f"POST /v1/traces HTTP/1.1\r\nHost: otel-rl\r\nAuthorization: Bearer {server.token}\r\n"
-    headers += "Content-Type: application/x-protobuf\r\nContent-Length: 1000\r\n\r\n"
     try:
-        with slow_clients(server, 3, "127.0.0.1", headers.encode() + b"\x0a\x05") as stalled:
+        with slow_clients(server, 3, "127.0.0.1", body_head(server, "/v1/traces")) as stalled:
             started = time.monotonic()
             assert [answer(sock, BODY_TIMEOUT_S + MARGIN_S) for sock in stalled] == [b""] * 3  # closed
             assert time.monotonic() - started < BODY_TIMEOUT_S + MARGIN_S
+        with slow_clients(server, 2, "127.0.0.1", body_head(server, "/v1/chat/completions")):
+            time.sleep(0.5)  # then they leave, their bodies unsent
         exports_work(server)
     finally:
         server.stop()
     log = server.log()
     assert "Traceback" not in log and "Exception in ASGI application" not in log, log
-    assert log.count("no request body bytes within") == 3, log
+    timed_out = "POST /v1/traces from 127.0.0.1: closed after 2 body bytes: no request body bytes within 2 s"
+    left = "POST /v1/chat/completions from 127.0.0.1: closed after 2 body bytes: the client left"
+    assert (log.count(timed_out), log.count(left), log.count("closed after")) == (3, 2, 5), log
 
 
 def test_oversized_headers_are_refused_before_they_are_buffered(tmp_path):
