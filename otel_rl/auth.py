@@ -130,9 +130,10 @@ def key_hash(key: str) -> str:
 class Auth:
     """Checks bearer tokens against the admin token and the rollout keys of one store."""
 
-    def __init__(self, store: Store, admin_token: str) -> None:
+    def __init__(self, store: Store, admin_token: str, *, admin_token_source: str = str(TOKEN_FILE)) -> None:
         self._store = store
         self._admin_token = admin_token.encode()
+        self._admin_token_whereabouts = admin_token_whereabouts(admin_token_source)
         self._lock = threading.Lock()
         self._rollout_keys = store.rollout_keys()
         self._identities: dict[str, dict[str, str]] = {}  # key hash -> identity it was issued with
@@ -151,25 +152,45 @@ class Auth:
                 self._identities[hashed] = dict(identity)
         return key
 
-    def authenticate(self, authorization: str | None) -> Principal:
-        """The principal of an Authorization header value; Unauthorized if missing or unknown."""
+    def authenticate(self, authorization: str | None, *, admin_only: bool = False) -> Principal:
+        """The principal of an Authorization header value; Unauthorized if missing or unknown, saying which
+        credentials the route (`admin_only` or not) accepts and where they are."""
         token = bearer(authorization)
         if token is None:
-            raise Unauthorized("missing bearer token: send 'Authorization: Bearer <token>'")
+            accepted = self._accepted(admin_only)
+            raise Unauthorized(f"missing bearer token: send 'Authorization: Bearer <token>' with {accepted}")
         if hmac.compare_digest(token.encode(), self._admin_token):
             return ADMIN
         hashed = key_hash(token)
         rollout_id = self._rollout_keys.get(hashed)
         if rollout_id is None:
-            raise Unauthorized("unknown bearer token")
+            raise Unauthorized(f"unknown bearer token: this route accepts {self._accepted(admin_only)}")
         return Principal(admin=False, rollout_id=rollout_id, identity=self._identities.get(hashed, {}))
+
+    def _accepted(self, admin_only: bool) -> str:
+        admin = f"the admin token ({self._admin_token_whereabouts})"
+        if admin_only:
+            return f"{admin} only"
+        return f"{admin} or a rollout key ({ROLLOUT_KEY_PREFIX}..., issued by the rollout controller)"
 
     def require_admin(self, authorization: str | None) -> Principal:
         """The admin principal, or Unauthorized / Forbidden."""
-        principal = self.authenticate(authorization)
+        principal = self.authenticate(authorization, admin_only=True)
         if not principal.admin:
             raise Forbidden("this endpoint needs the admin token, not a rollout key")
         return principal
+
+
+def admin_token_whereabouts(source: str) -> str:
+    """Where a user finds the admin token, from the source `admin_token` reported: a file's path (relative
+    to the folder the server started in), or the flag or variable that gave it."""
+    source = source.removesuffix(" (new)")
+    if source in ("--token", "OTEL_RL_TOKEN"):
+        return f"given to the server as {source}"
+    name, _, path = source.partition(" ")
+    if name in ("--token-file", "OTEL_RL_TOKEN_FILE"):
+        return f"in the file {path} ({name})"
+    return f"in the file {source}, in the folder where otel-rl serve started"
 
 
 def admin_required(auth: Auth) -> Callable[..., Principal]:

@@ -77,7 +77,7 @@ def create_app(settings: ServeSettings):  # noqa: ANN201 - FastAPI, imported laz
 
     store = Store(settings.db)
     token, token_source = admin_token(settings.token, explicit_file=settings.token_file)
-    auth = Auth(store, token)
+    auth = Auth(store, token, admin_token_source=token_source)
     archiving = ArchiveSchedule(store, settings.archive) if settings.archive is not None else None
     gateway, local_vllm = _gateway(settings, store, auth)
     metrics = server_metrics(

@@ -5,6 +5,8 @@
 Rewards go out with the OTel SDK's OTLP exporters to a real `otel-rl serve`, calls through its gateway."""
 
 import io
+import os
+import subprocess
 import sys
 import time
 import uuid
@@ -34,6 +36,7 @@ from otel_rl.train.server_client import OnlineTrainingError
 
 ROOT = Path(__file__).resolve().parent.parent
 AGENT = [sys.executable, str(ROOT / "examples" / "calc_agent.py")]
+OTEL_RL = str(Path(sys.executable).parent / "otel-rl")
 WIDE = {"COLUMNS": "400"}  # the report table on one line per row, as a wide terminal shows it
 
 
@@ -196,3 +199,39 @@ def test_the_online_loop_names_untrusted_harness_rewards_and_the_setting_that_tr
     )
     assert f"three batches of groups in a row gave no samples ({because})" in str(stopped.value)
     assert printed.getvalue().count(f"1 groups gave 0 samples: {because}") == 3
+
+
+@pytest.mark.parametrize(("kind", "output"), [("samples", "samples.parquet"), ("sft", "sft.jsonl")])
+def test_an_export_that_keeps_no_rollout_exits_1_and_names_the_option_that_would_keep_it(
+    rollouts, tmp_path, kind, output
+):
+    server, ids = rollouts
+    out = tmp_path / output
+    args = ["export", kind, "--server", server.http_url, "--token", server.token, "-o", str(out)]
+    result = subprocess.run(
+        [OTEL_RL, *args, "--where", f"rollout_id = '{ids['harness']}'"],
+        capture_output=True,
+        text=True,
+        env=os.environ | WIDE,
+        timeout=120,
+    )
+    assert result.returncode == 1, result.stdout + result.stderr
+    (error,) = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert error.startswith(
+        f"error: no {'samples' if kind == 'samples' else 'conversations'} written: of 1 rollouts"
+    )
+    assert "untrusted_reward: 1" in error and "trust them with --trusted-source harness" in error
+    assert not out.exists()
+
+
+def test_an_export_whose_where_matches_no_rollout_says_so(rollouts, tmp_path):
+    server, _ = rollouts
+    args = ["export", "samples", "--server", server.http_url, "--token", server.token]
+    result = subprocess.run(
+        [OTEL_RL, *args, "--where", "rollout_id = 'no-such-rollout'", "-o", str(tmp_path / "s.parquet")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 1
+    assert "error: no samples written: no rollout matches --where" in result.stderr

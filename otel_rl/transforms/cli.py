@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, NoReturn
 
 import typer
 
@@ -135,8 +135,25 @@ def samples_command(
         skip_error_calls=skip_error_calls,
         drift_sample=drift_sample,
     )
-    samples, _, _ = _build(where, db, server, token, tokenizer, options, messages=tokenizer is not None)
+    samples, _, report = _build(where, db, server, token, tokenizer, options, messages=tokenizer is not None)
+    if samples.height == 0:
+        _nothing_to_write("samples", where, report)
     typer.echo(f"wrote {samples.height} samples to {write_parquet(samples, output)}")
+
+
+def _nothing_to_write(what: str, where: str, report: Any) -> NoReturn:
+    """Exit 1 with one line saying why an export has nothing to write, and the option that would change it
+    (an empty file and exit 0 read as success to a script)."""
+    if report.rollouts == 0:
+        why = f"no rollout matches --where {where!r} (is --db the server's store, or is the server running?)"
+    else:
+        dropped = report.why_dropped()
+        segments = ", ".join(f"{reason}: {n}" for reason, n in report.dropped_segments.items())
+        why = f"of {report.rollouts} rollouts where {where}, dropped {dropped}" + (
+            f"; segments dropped {segments}" if segments else ""
+        )
+    typer.echo(f"error: no {what} written: {why}", err=True)
+    raise typer.Exit(1)
 
 
 @export_app.command("sft")
@@ -165,10 +182,20 @@ def sft_command(
         skip_error_calls=skip_error_calls,
         drift_sample=0,
     )
-    samples, calls, _ = _build(where, db, server, token, tokenizer, options, messages=True)
+    samples, calls, report = _build(where, db, server, token, tokenizer, options, messages=True)
+    if samples.height == 0:
+        _nothing_to_write("conversations", where, report)
     try:
         records = sft_records(samples, calls, min_reward)
     except ValueError as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(1) from None
+    if not records:
+        best = samples["reward"].max()
+        typer.echo(
+            f"error: no conversations written: the best reward where {where} is {best}, under --min-reward"
+            f" {min_reward}",
+            err=True,
+        )
+        raise typer.Exit(1)
     typer.echo(f"wrote {len(records)} conversations to {write_jsonl(records, output)}")
