@@ -143,6 +143,10 @@ class Auth:
         survives restarts (its hash is in the store; the identity beyond the rollout id does not)."""
         if not rollout_id:
             raise ValueError("a rollout key needs a rollout id")
+        from otel_rl.input_rules import check_id, check_identity  # pydantic: not in a harness's light install
+
+        check_id(rollout_id, "the rollout id")  # the rule of every route, for the whole identity
+        check_identity(identity or {})
         key = ROLLOUT_KEY_PREFIX + secrets.token_urlsafe(24)
         hashed = key_hash(key)
         self._store.add_rollout_key(hashed, rollout_id)

@@ -93,7 +93,12 @@ def create_app(settings: ServeSettings):  # noqa: ANN201 - FastAPI, imported laz
             from otel_rl.collector.grpc import start_grpc_server
 
             grpc_server, app.state.grpc_port = start_grpc_server(
-                store, auth, metrics.ingest, host=settings.host, port=settings.grpc_port
+                store,
+                auth,
+                metrics.ingest,
+                host=settings.host,
+                port=settings.grpc_port,
+                limits=settings.connections,
             )
         if local_vllm is not None:
             local_vllm.start()

@@ -22,6 +22,8 @@ MAX_JUNIT_BYTES = 64 << 20
 # Files that steer how tests are collected, run or reported: an agent's hunk on one of them is dropped.
 TEST_CONFIG_NAMES = {"conftest.py", "pytest.ini", ".pytest.ini", "tox.ini", "setup.cfg"}
 STARTUP_HOOKS = {"sitecustomize.py", "usercustomize.py"}
+# Plugins installed beside pytest in the grader's environment are not the task's: none loads on its own.
+PYTEST_ENV = {"PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"}
 TestStatus = Literal["passed", "failed", "missing", "error"]
 
 
@@ -212,7 +214,9 @@ def grade(task_set: TaskSet, task: Task, patch: str, *, limits: sandbox.Limits) 
         nonce = secrets.token_hex(16)
         binds = (sandbox.Bind(out, "/grader", writable=True),)
         try:
-            done = sandbox.run(tree, pytest_command(files, nonce=nonce), limits=limits, binds=binds)
+            done = sandbox.run(
+                tree, pytest_command(files, nonce=nonce), limits=limits, binds=binds, env=PYTEST_ENV
+            )
         except sandbox.SandboxError as error:
             return _failed(task, f"sandbox: {error}", dropped, started)
         if done.timed_out:

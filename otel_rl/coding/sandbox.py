@@ -1,10 +1,10 @@
 """The sandbox a coding rollout (and the grader's test run) executes in: bubblewrap, no Docker, no root.
 
-Own mount, PID, network, IPC, UTS and user namespaces (`--unshare-all`: loopback only); a read-only view of
-the system folders and of the Python environment alone (no host home, temp folders, task files or server
-state); the workspace bound read-write at /workspace; rlimits on CPU time, address space, processes and file
-size; a wall clock. Run as root, the sandbox drops to an unprivileged user first: the kernel never enforces
-RLIMIT_NPROC on uid 0, even inside a user namespace.
+Own mount, PID, network, IPC and UTS namespaces (loopback only); a read-only view of /usr, /etc and the
+Python environment alone (no host home, temp folders, task files or server state); the workspace bound
+read-write at /workspace; rlimits on CPU time, address space, processes and file size; a wall clock.
+Unprivileged callers get a user namespace too. A root caller runs the sandboxed command as nobody (setpriv,
+every capability dropped): the kernel never enforces RLIMIT_NPROC on uid 0, even inside a user namespace.
 """
 
 import os
@@ -18,7 +18,7 @@ from pathlib import Path
 
 WORKSPACE = "/workspace"
 HOME = "/home/agent"
-UNPRIVILEGED = 65534  # nobody/nogroup: the sandbox's uid and gid when the caller is root
+UNPRIVILEGED = 65534  # nobody/nogroup: who the sandboxed command runs as when the caller is root
 MAX_OUTPUT_BYTES = 8 << 20
 
 
@@ -61,12 +61,13 @@ class Bind:
 
 
 def sandbox_owner() -> tuple[int, int] | None:
-    """The uid and gid the sandbox runs as when it must drop privileges (the caller is root), else None."""
+    """The uid and gid the sandboxed command runs as when the caller is root, else None (the caller's)."""
     return (UNPRIVILEGED, UNPRIVILEGED) if os.geteuid() == 0 else None
 
 
 def hand_over(path: Path) -> None:
-    """Make a host folder the sandbox's own (writable inside) when the sandbox drops to another user."""
+    """Make a host folder writable by the sandboxed command (it runs as nobody when the caller is root)."""
+    os.chmod(path, 0o755)  # bwrap enters it before the command drops to nobody
     owner = sandbox_owner()
     if owner is None:
         return
@@ -76,17 +77,26 @@ def hand_over(path: Path) -> None:
             os.lchown(os.path.join(root, name), *owner)
 
 
-def _drop_privileges() -> None:  # runs in the child between fork and exec
+def _namespaces() -> list[str]:
+    if sandbox_owner() is None:
+        return ["--unshare-all"]  # user, mount, PID, network, IPC, UTS, cgroup
+    # root: no user namespace (it would map uid 0 only), so that setpriv can become nobody inside
+    return ["--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try"]
+
+
+def _identity() -> list[str]:
     owner = sandbox_owner()
-    if owner is not None:
-        os.setgroups([])
-        os.setgid(owner[1])
-        os.setuid(owner[0])
+    if owner is None:
+        return []
+    setpriv = shutil.which("setpriv")
+    if setpriv is None:
+        raise SandboxError("setpriv (Debian package util-linux) is not installed")
+    return [setpriv, f"--reuid={owner[0]}", f"--regid={owner[1]}", "--clear-groups", "--inh-caps=-all",
+            "--bounding-set=-all", "--"]  # fmt: skip
 
 
 def _system_mounts() -> list[str]:
-    """Read-only system folders: /usr and /etc, the merged-/usr links as links, and the Python environment
-    (the interpreter the sandbox runs tests with), even where it lives under the host's home."""
+    """Read-only /usr and /etc, with the merged-/usr links as links."""
     argv = ["--ro-bind", "/usr", "/usr", "--ro-bind", "/etc", "/etc"]
     for name in ("/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32"):
         if os.path.islink(name):
@@ -98,38 +108,39 @@ def _system_mounts() -> list[str]:
 
 def _hidden_host_folders() -> list[str]:
     """Fresh, empty tmpfs over the host's home and temp folders, then the agent's own home."""
-    argv = [
-        "--tmpfs",
-        "/tmp",
-        "--tmpfs",
-        "/var/tmp",
-        "--tmpfs",
-        "/home",
-        "--tmpfs",
-        "/root",
-        "--tmpfs",
-        "/run",
-    ]
-    host_home = os.path.expanduser("~")
-    if host_home not in ("/", "/root") and not host_home.startswith("/home/"):
-        argv += ["--tmpfs", host_home]
-    return [*argv, "--dir", HOME]
+    folders = ["/tmp", "/var/tmp", "/home", "/root", "/run", os.path.expanduser("~")]
+    argv: list[str] = []
+    for folder in dict.fromkeys(folders):
+        if folder != "/":
+            argv += ["--perms", "0755" if folder != "/tmp" else "1777", "--tmpfs", folder]
+    return [*argv, "--perms", "0777", "--dir", HOME]  # the agent's own, writable whoever it runs as
 
 
 def _python_mounts() -> list[str]:
+    """The interpreter tests run with, read-only, even where it lives under the host's (hidden) home; its
+    parent folders are made traversable (bwrap would create them 0700)."""
     prefixes = dict.fromkeys(os.path.realpath(p) for p in (sys.prefix, sys.base_prefix, sys.exec_prefix))
     argv: list[str] = []
     for prefix in prefixes:
-        if not prefix.startswith("/usr/"):
-            argv += ["--ro-bind", prefix, prefix]
+        if prefix.startswith("/usr/"):
+            continue
+        parents = [str(parent) for parent in reversed(Path(prefix).parents) if str(parent) != "/"]
+        for parent in parents:
+            argv += ["--perms", "0755", "--dir", parent]
+        argv += ["--ro-bind", prefix, prefix]
     return argv
 
 
 def bwrap_argv(
-    workspace: Path, command: list[str], *, limits: Limits, binds: tuple[Bind, ...] = ()
+    workspace: Path,
+    command: list[str],
+    *,
+    limits: Limits,
+    binds: tuple[Bind, ...] = (),
+    env: dict[str, str] | None = None,
 ) -> list[str]:
-    """The full command line: bwrap's namespaces and mounts, then `prlimit` (inside the new user namespace,
-    so RLIMIT_NPROC counts this sandbox's processes only), then the command."""
+    """The full command line: bwrap's namespaces and mounts, then the identity switch (root callers), then
+    `prlimit` (inside the namespaces: RLIMIT_NPROC counts this sandbox's processes), then the command."""
     bwrap = shutil.which("bwrap")
     prlimit = shutil.which("prlimit")
     if bwrap is None or prlimit is None:
@@ -137,16 +148,17 @@ def bwrap_argv(
             "bwrap (Debian package bubblewrap)" if bwrap is None else "prlimit (Debian package util-linux)"
         )
         raise SandboxError(f"{missing} is not installed")
-    argv = [bwrap, "--unshare-all", "--die-with-parent", "--new-session", "--hostname", "sandbox"]
+    argv = [bwrap, *_namespaces(), "--die-with-parent", "--new-session", "--hostname", "sandbox"]
     argv += _system_mounts() + _hidden_host_folders() + _python_mounts()
     argv += ["--proc", "/proc", "--dev", "/dev", "--bind", str(workspace), WORKSPACE]
     for bind in binds:
         argv += ["--bind" if bind.writable else "--ro-bind", str(bind.host), bind.inside]
     argv += ["--remount-ro", "/", "--chdir", WORKSPACE, "--clearenv"]
     path = f"{os.path.dirname(sys.executable)}:/usr/local/bin:/usr/bin:/bin"
-    for name, value in (("PATH", path), ("HOME", HOME), ("TMPDIR", "/tmp"), ("LANG", "C.UTF-8")):
+    base = {"PATH": path, "HOME": HOME, "TMPDIR": "/tmp", "LANG": "C.UTF-8"}
+    for name, value in (base | (env or {})).items():
         argv += ["--setenv", name, value]
-    argv += ["--", prlimit, f"--cpu={limits.cpu_seconds}", f"--as={limits.memory_bytes}"]
+    argv += ["--", *_identity(), prlimit, f"--cpu={limits.cpu_seconds}", f"--as={limits.memory_bytes}"]
     argv += [f"--nproc={limits.processes}", f"--fsize={limits.file_bytes}", "--", *command]
     return argv
 
@@ -157,52 +169,62 @@ def run(
     *,
     limits: Limits,
     binds: tuple[Bind, ...] = (),
+    env: dict[str, str] | None = None,
     capture: bool = True,
 ) -> Completed:
-    """Run `command` in a fresh sandbox over `workspace`; the wall clock kills the whole session."""
+    """Run `command` in a fresh sandbox over `workspace`; the wall clock kills the whole session. A sandbox
+    whose setup failed (its command never ran) raises SandboxError, apart from the command's own failures."""
     probe_user_namespaces()
-    argv = bwrap_argv(workspace, command, limits=limits, binds=binds)
+    argv = bwrap_argv(workspace, command, limits=limits, binds=binds, env=env)
+    # bwrap's child reads one byte from --block-fd after its setup, right before exec: a byte still there
+    # afterwards means the command never started. The command cannot put it back (it holds no write end).
+    gate, writer = os.pipe()
+    os.write(writer, b"x")
+    os.close(writer)
+    argv[1:1] = ["--block-fd", str(gate)]
     pipe = subprocess.PIPE if capture else None
     started = time.perf_counter()
-    with subprocess.Popen(
-        argv,
-        stdin=subprocess.DEVNULL,
-        stdout=pipe,
-        stderr=pipe,
-        preexec_fn=_drop_privileges,
-        start_new_session=True,
-    ) as process:
+    try:
+        with subprocess.Popen(
+            argv, stdin=subprocess.DEVNULL, stdout=pipe, stderr=pipe, start_new_session=True, pass_fds=(gate,)
+        ) as process:
+            try:
+                stdout, stderr = process.communicate(timeout=limits.wall_seconds)
+                returncode: int | None = process.returncode
+            except subprocess.TimeoutExpired:
+                os.killpg(process.pid, 9)  # bwrap's own session: --die-with-parent takes the sandbox with it
+                stdout, stderr = process.communicate()
+                returncode = None
+        seconds = time.perf_counter() - started
+        os.set_blocking(gate, False)
         try:
-            stdout, stderr = process.communicate(timeout=limits.wall_seconds)
-            returncode: int | None = process.returncode
-        except subprocess.TimeoutExpired:
-            os.killpg(process.pid, 9)  # bwrap's own session: --die-with-parent takes the sandbox down with it
-            stdout, stderr = process.communicate()
-            returncode = None
+            never_started = os.read(gate, 1) == b"x"
+        except BlockingIOError:
+            never_started = False
+    finally:
+        os.close(gate)
+    if never_started:
+        reason = (stderr or b"").decode(errors="replace").strip()[-500:]
+        raise SandboxError(f"the sandbox did not start: {reason or 'bwrap exited before its command'}")
     return Completed(
-        returncode,
-        (stdout or b"")[-MAX_OUTPUT_BYTES:],
-        (stderr or b"")[-MAX_OUTPUT_BYTES:],
-        time.perf_counter() - started,
+        returncode, (stdout or b"")[-MAX_OUTPUT_BYTES:], (stderr or b"")[-MAX_OUTPUT_BYTES:], seconds
     )
 
 
 @cache
 def probe_user_namespaces() -> None:
-    """Start one empty sandbox; if user namespaces are refused, say what is missing and how to enable it."""
+    """Start one empty sandbox; if the kernel refuses its namespaces, say what is missing and how to enable
+    them."""
     bwrap = shutil.which("bwrap")
     if bwrap is None:
         raise SandboxError("bwrap is not installed: apt-get install bubblewrap (or make debian-tools)")
     probe = subprocess.run(
-        [bwrap, "--unshare-all", *_system_mounts(), "--", "true"],
-        capture_output=True,
-        preexec_fn=_drop_privileges,
-        timeout=30,
+        [bwrap, *_namespaces(), *_system_mounts(), "--", "true"], capture_output=True, timeout=30
     )
     if probe.returncode != 0:
         reason = probe.stderr.decode(errors="replace").strip()[:500]
         raise SandboxError(
-            f"bubblewrap cannot create user namespaces here ({reason}). Enable them: "
+            f"bubblewrap cannot create its namespaces here ({reason}). Enable unprivileged user namespaces: "
             "`sysctl -w kernel.unprivileged_userns_clone=1` (Debian/Ubuntu kernels), "
             "`sysctl -w user.max_user_namespaces=15000` (when it is 0), and on Ubuntu 24.04+ "
             "`sysctl -w kernel.apparmor_restrict_unprivileged_userns=0`; in a container, a seccomp/AppArmor "

@@ -22,6 +22,7 @@ from otel_rl.attributes import (
 from otel_rl.auth import Principal
 from otel_rl.collector.decode import RESPONSE_TYPES, DecodeError, ExportRequest, ExportResponse, Signal
 from otel_rl.collector.ingest import logs_batch, metrics_batch, traces_batch
+from otel_rl.input_rules import id_problem
 from otel_rl.store import Store
 from otel_rl.store.writer import Batch
 
@@ -93,12 +94,13 @@ def refuse_records(signal: Signal, request: ExportRequest, principal: Principal)
         return refused
     check = _RECORD_CHECKS[signal]
     for resource, records in _record_lists(signal, request):
+        # The admin's resources too (one look per resource): where a zero-code harness's identity is.
+        problem = _identity_problem(resource.attributes, own)
+        if problem is not None:
+            refused[f"resource: {problem}"] += len(records)
+            del records[:]
+            continue
         if own is not None:
-            problem = _identity_problem(resource.attributes, own)
-            if problem is not None:
-                refused[f"resource: {problem}"] += len(records)
-                del records[:]
-                continue
             _stamp(resource, own)
         # The admin's records need a look only where they hold a reward: found with no call per record.
         suspects = records if own is not None else _with_rewards(signal, records)
@@ -182,8 +184,9 @@ _RECORD_CHECKS: dict[Signal, Callable[..., str | None]] = {
 }
 
 
-def _identity_problem(attributes: MutableSequence, own: Mapping[str, str]) -> str | None:
-    """Why identity attributes may not come from the key whose identity is `own`, or None when they may.
+def _identity_problem(attributes: MutableSequence, own: Mapping[str, str] | None) -> str | None:
+    """Why identity attributes may not come from the key whose identity is `own` (None: the admin's, held
+    to the rule of input_rules.py alone), or None when they may.
 
     Every occurrence is read: the check must see the value the store keeps (the last) as well as the first.
     """
@@ -196,6 +199,11 @@ def _identity_problem(attributes: MutableSequence, own: Mapping[str, str]) -> st
         if value.WhichOneof("value") != "string_value":
             return f"{key} must be a string, not {value.WhichOneof('value') or 'empty'}"
         text = value.string_value
+        problem = id_problem(text)
+        if problem is not None:
+            return f"{key} {_quote(text)} {problem}"
+        if own is None:
+            continue
         expected = own.get(key)
         if key == ROLLOUT_ID and text != expected:
             return f"{key} {_quote(text)} is another rollout than this key's ({_quote(expected)})"
@@ -207,8 +215,9 @@ def _identity_problem(attributes: MutableSequence, own: Mapping[str, str]) -> st
 
 
 def _reward_problem(attributes: MutableSequence, from_rollout_key: bool) -> str | None:
-    """Why a reward's attributes are refused (a non-finite value), or None; a rollout key's reward then
-    gets the source `harness`, whatever its sender wrote: the source says which credential sent it."""
+    """Why a reward's attributes are refused (a value that is not a finite number), or None; a rollout key's
+    reward then gets the source `harness`, whatever its sender wrote: the source says which credential sent
+    it."""
     for kv in attributes:
         if kv.key == EVALUATION_SCORE_VALUE and not _finite(kv.value):
             return f"{EVALUATION_SCORE_VALUE} must be a finite number"
@@ -221,16 +230,22 @@ def _reward_problem(attributes: MutableSequence, from_rollout_key: bool) -> str 
 
 
 def _finite(value: AnyValue) -> bool:
-    """False for a NaN or infinite number, given as a double or as text (the views cast text to DOUBLE)."""
+    """True for a finite number, given as a double, an integer or as text (the views cast text to DOUBLE).
+
+    Numbers only, as POST /v1/rewards takes them: a boolean would be read as 1.0 or 0.0, and other text,
+    bytes, arrays and maps as no reward at all.
+    """
     kind = value.WhichOneof("value")
     if kind == "double_value":
         return math.isfinite(value.double_value)
+    if kind == "int_value":
+        return True
     if kind == "string_value":
         try:
             return math.isfinite(float(value.string_value))
-        except ValueError:  # not a number at all: the views read no value, as for any other text
-            return True
-    return True
+        except ValueError:
+            return False
+    return False
 
 
 def _stamp(resource: Resource, own: Mapping[str, str]) -> None:

@@ -13,20 +13,22 @@ from pydantic import BaseModel, Field, field_validator
 from otel_rl import attributes as attr
 from otel_rl.auth import Auth, admin_required
 from otel_rl.collector.ingest import logs_batch
+from otel_rl.input_rules import MAX_ID_CHARS, IdValue, RewardValue
 from otel_rl.store import Saturated, Store, StoreUnavailable
 
 REWARDS_SCOPE = "otel_rl.rewards_api"
+MAX_EXPLANATION_CHARS = 64 * 1024  # a grader's reasons; more is not an explanation
 
 
 class RewardIn(BaseModel):
     """A reward for one rollout, or for one model call of it (`span_id`)."""
 
-    rollout_id: str = Field(min_length=1)
-    value: float = Field(allow_inf_nan=False, description="a finite number (NaN and infinities are refused)")
-    name: str = "outcome"
-    source: str = attr.REWARD_SOURCE_GRADER
-    label: str | None = None
-    explanation: str | None = None
+    rollout_id: IdValue  # the same rule as everywhere (otel_rl/input_rules.py)
+    value: RewardValue  # a JSON number: NaN, infinities, `true` and "1" are refused
+    name: str = Field(default="outcome", min_length=1, max_length=MAX_ID_CHARS)
+    source: str = Field(default=attr.REWARD_SOURCE_GRADER, min_length=1, max_length=MAX_ID_CHARS)
+    label: str | None = Field(default=None, max_length=MAX_ID_CHARS)
+    explanation: str | None = Field(default=None, max_length=MAX_EXPLANATION_CHARS)
     trace_id: str | None = Field(default=None, description="32 hex digits: the trace of the rewarded span")
     span_id: str | None = Field(default=None, description="16 hex digits: the span rewarded (a turn reward)")
 

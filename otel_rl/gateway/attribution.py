@@ -14,6 +14,7 @@ from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapProp
 
 from otel_rl.attributes import IDENTITY_HEADERS, IDENTITY_KEYS, ROLLOUT_ID, SPLIT
 from otel_rl.auth import Forbidden, Principal
+from otel_rl.input_rules import check_identity
 
 _TRACE_CONTEXT = TraceContextTextMapPropagator()
 _BAGGAGE = W3CBaggagePropagator()
@@ -57,6 +58,7 @@ def caller_identity(
         if claimed is not None and claimed != principal.rollout_id:
             raise Forbidden(f"this key is for rollout {principal.rollout_id!r}, not {claimed!r}")
         identity.update(identities.get(principal.rollout_id))
+    check_identity(identity)  # headers and baggage are held to the rule of every route (input_rules.py)
     _check_split(identity)
     return identity
 
