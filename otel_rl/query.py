@@ -7,7 +7,6 @@ ingest) are read as one (otel_rl/store/partitions.py).
 
 from __future__ import annotations
 
-import json
 import os
 import warnings
 from collections.abc import Iterator, Sequence
@@ -98,7 +97,10 @@ def _catch_up(paths: list[Path]) -> None:
     from otel_rl.store.store import catch_up, normalized_lag
 
     for path in paths:
-        lag = normalized_lag(path) if path.is_file() else None
+        try:
+            lag = normalized_lag(path) if path.is_file() else None
+        except duckdb.Error as exc:  # e.g. a file a glob matched that is not a DuckDB file at all
+            raise QueryError(f"{path} is not an otel-rl store ({exc}): leave it out of --db") from None
         if not lag:
             continue
         warnings.warn(f"{path}: normalizing {lag} commit(s) first", CatchingUp, stacklevel=3)
@@ -246,6 +248,8 @@ def sql_command(
     """Run SQL over the stored traces and views (through the server when it is running)."""
     from rich.console import Console
 
+    from otel_rl.csv_text import csv_text
+
     stderr = Console(stderr=True)
     try:
         with warnings_as_lines(stderr):
@@ -261,7 +265,7 @@ def sql_command(
         console = Console(file=output.open("w") if output else None, width=200 if output else None)
         console.print(_rich_table(frame))
     else:
-        text = _flat(frame).write_csv() if output_format is OutputFormat.csv else frame.write_json()
+        text = csv_text(frame) if output_format is OutputFormat.csv else frame.write_json()
         if output:
             output.write_text(text)
         else:
@@ -279,16 +283,3 @@ def _rich_table(frame: pl.DataFrame):  # noqa: ANN202 - rich.table.Table
         # Text, not markup: values such as "[1, 2]" must print as they are.
         table.add_row(*(Text("NULL", style="dim") if value is None else Text(str(value)) for value in row))
     return table
-
-
-def _flat(frame: pl.DataFrame) -> pl.DataFrame:
-    """Nested columns (lists, structs) as JSON text, which CSV can hold."""
-    import polars as pl
-
-    nested = [name for name, dtype in frame.schema.items() if dtype.is_nested()]
-    return frame.with_columns(
-        pl.Series(
-            name, [None if v is None else json.dumps(v) for v in frame[name].to_list()], dtype=pl.String
-        )
-        for name in nested
-    )

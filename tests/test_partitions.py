@@ -3,11 +3,15 @@ split by rollout over two stores (one of them partly archived) answers as it doe
 of it, in Python, `otel-rl sql`, `otel-rl export` and offline training's read."""
 
 import json
+import os
+import shutil
+import subprocess
 from pathlib import Path
 
 import polars as pl
 import pytest
 from dated_traffic import days_ago, rows, store_requests, traffic
+from otel_rl_server import OTEL_RL
 from typer.testing import CliRunner
 
 from otel_rl.cli import app
@@ -168,3 +172,39 @@ def test_a_glob_that_matches_nothing_and_a_write_are_refused(stores) -> None:
         query("DELETE FROM spans", db=[stores["a"], stores["b"]])
     with pytest.raises(QueryError, match="cannot reach files"):
         query("SELECT * FROM read_text('/etc/hostname')", db=[stores["a"], stores["b"]])
+
+
+def test_a_glob_matching_a_file_that_is_not_a_store_fails_in_one_line_naming_it(stores, tmp_path) -> None:
+    (tmp_path / "parts").mkdir()
+    shutil.copy(stores["b"], tmp_path / "parts" / "b.duckdb")
+    (tmp_path / "parts" / "notes.duckdb").write_text("not a store\n")
+
+    result = subprocess.run(
+        [str(OTEL_RL), "sql", "SELECT count(*) AS n FROM spans", "--db", "parts/*.duckdb"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=tmp_path,
+        env={**os.environ, "COLUMNS": "300"},
+    )
+
+    assert result.returncode == 1
+    assert "Traceback" not in result.stderr and len(result.stderr.strip().splitlines()) == 1, result.stderr
+    assert result.stderr.startswith("error: parts/notes.duckdb is not an otel-rl store")
+
+
+def test_a_store_whose_name_holds_glob_characters_is_opened_as_named(stores, tmp_path) -> None:
+    for name in ("run[1].duckdb", "what?.duckdb", "all*.duckdb"):
+        shutil.copy(stores["b"], tmp_path / name)  # b: no archive beside it, which a copy would lose
+    expected = query("SELECT count(*) AS n FROM spans", db=stores["b"])["n"][0]
+
+    for name in ("run[1].duckdb", "what?.duckdb", "all*.duckdb"):
+        result = subprocess.run(
+            [str(OTEL_RL), "sql", "SELECT count(*) AS n FROM spans", "--db", name, "--format", "csv"],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            cwd=tmp_path,
+        )
+        assert result.returncode == 0, result.stderr
+        assert result.stdout.splitlines() == ["n", str(expected)]

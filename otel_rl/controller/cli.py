@@ -77,6 +77,7 @@ def run_command(
     from rich.table import Table
 
     from otel_rl.controller.local import Rollout, new_id
+    from otel_rl.input_rules import check_id
     from otel_rl.train.config import ConfigError, load_config
     from otel_rl.train.controllers import open_runner, train_settings
     from otel_rl.train.server_client import ServerClient, server_token
@@ -96,6 +97,7 @@ def run_command(
         for index, task in enumerate(listed):
             for sample in range(n):
                 rollout_id, group_id = rollout_ids(run_id, index, sample)
+                check_id(group_id, "the group id made of --run-id")  # the rule of every identity value
                 rollouts.append(Rollout(rollout_id, group_id, task.task_id, task.payload, split.value))
         runner = open_runner(settings, client, controller_settings, run_id)
         results = asyncio.run(_run(runner, rollouts))

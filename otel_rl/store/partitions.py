@@ -41,11 +41,12 @@ class PartitionError(RuntimeError):
 
 def stores(names: Sequence[str | Path]) -> list[Path]:
     """The store files `names` name: each a path, or a glob ('parts/*.duckdb') that must match some file;
-    in the order given (a glob's matches sorted), each file once."""
+    in the order given (a glob's matches sorted), each file once. A name that is an existing file is that
+    file, even when it holds glob characters ('run[1].duckdb')."""
     found: list[Path] = []
     for name in names:
         text = str(name)
-        if GLOB_CHARACTERS & set(text):
+        if GLOB_CHARACTERS & set(text) and not Path(text).exists():
             matches = sorted(glob.glob(text))
             if not matches:
                 raise PartitionError(f"no file matches {text!r}")

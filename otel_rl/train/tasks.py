@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from otel_rl.input_rules import id_problem
 from otel_rl.train.config import ConfigError
 
 
@@ -32,7 +33,11 @@ def read_tasks(path: Path) -> list[Task]:
             raise ConfigError(f"{path}:{number}: not JSON ({error})") from None
         if not isinstance(payload, dict) or "id" not in payload:
             raise ConfigError(f'{path}:{number}: a task is a JSON object with an "id"')
-        tasks.append(Task(str(payload["id"]), payload))
+        task_id = str(payload["id"])
+        problem = id_problem(task_id)  # it becomes otel_rl.task.id: the rule of every identity value
+        if problem is not None:
+            raise ConfigError(f'{path}:{number}: the task\'s "id" {problem} (docs/attributes.md)')
+        tasks.append(Task(task_id, payload))
     if not tasks:
         raise ConfigError(f"{path}: no tasks")
     return tasks

@@ -15,7 +15,7 @@ from fastapi import Path as PathParam
 from fastapi.responses import FileResponse, RedirectResponse, Response
 
 from otel_rl.auth import Auth, admin_required
-from otel_rl.query import _flat  # nested columns as JSON text, as `otel-rl sql --format csv` writes them
+from otel_rl.csv_text import csv_text
 from otel_rl.query_api import json_bytes
 from otel_rl.store import Store
 from otel_rl.store.sandbox import (
@@ -184,7 +184,7 @@ def download(table: pa.Table, name: str, format: Format) -> Response:
     """A table as a CSV or Parquet file to save."""
     frame = pl.from_arrow(table)
     if format is Format.csv:
-        body, media = _flat(frame).write_csv().encode(), "text/csv"
+        body, media = csv_text(frame).encode(), "text/csv"
     else:
         buffer = io.BytesIO()
         frame.write_parquet(buffer)
