@@ -56,7 +56,7 @@ class ServeSettings:
 
 def create_app(settings: ServeSettings):  # noqa: ANN201 - FastAPI, imported lazily to keep the CLI fast
     """The server's FastAPI app; opens the store now, starts gRPC with the app and closes both after it."""
-    from fastapi import Depends, FastAPI, Request
+    from fastapi import Depends, FastAPI, Header, Request
     from fastapi.encoders import jsonable_encoder
     from fastapi.exceptions import RequestValidationError
     from fastapi.openapi.docs import get_redoc_html, get_swagger_ui_html
@@ -72,6 +72,7 @@ def create_app(settings: ServeSettings):  # noqa: ANN201 - FastAPI, imported laz
     from otel_rl.observability.exposition import metrics_router, server_metrics
     from otel_rl.observability.http import RequestMetrics
     from otel_rl.query_api import QueryLimits, RunningQueries, query_router
+    from otel_rl.response_headers import SecurityHeaders
     from otel_rl.store import Store
     from otel_rl.ui.routes import ui_router
 
@@ -154,6 +155,7 @@ def create_app(settings: ServeSettings):  # noqa: ANN201 - FastAPI, imported laz
     app.state.gateway = gateway
     app.include_router(gateway_router(gateway))
     app.add_middleware(ModelCallRoutes, gateway=gateway)
+    app.add_middleware(SecurityHeaders)  # on every answer, the gateway's included
     app.add_middleware(RequestMetrics, metrics=metrics.http)  # the outermost: sees every request
     metrics_auth = [] if settings.public_metrics else [Depends(admin_required(auth))]
     app.include_router(metrics_router(metrics.registry, dependencies=metrics_auth))
@@ -187,7 +189,11 @@ def create_app(settings: ServeSettings):  # noqa: ANN201 - FastAPI, imported laz
         return get_redoc_html(openapi_url="/openapi.json", title="otel-rl")
 
     @app.get("/healthz", tags=["health"])
-    def healthz() -> dict:
+    def healthz(authorization: Annotated[str | None, Header()] = None) -> dict:
+        try:  # the store's path and state are the operator's: anyone else hears only that the server is up
+            auth.require_admin(authorization)
+        except PermissionError:  # Unauthorized, Forbidden
+            return {"status": "ok"}
         # `writes`: why the store refuses writes now (a full disk), else null; `normalized`: how far the
         # normalized tables are behind the raw ones, and why rounds fail (else null)
         normalizer = store.normalizer
