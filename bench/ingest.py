@@ -254,7 +254,8 @@ def sustained_ingest(
         console.print(f"[yellow]{len(errors)} refused requests, e.g. {errors[0]}")
 
     def lag() -> int:
-        return httpx.get(f"{server.http_url}/healthz", timeout=10).json()["normalized"]["lag"]
+        health = httpx.get(f"{server.http_url}/healthz", headers=server.auth, timeout=10)  # details: admin
+        return health.json()["normalized"]["lag"]
 
     behind = lag()
     return Sustained(sum(acked), wall, cpu, normalizing, behind, caught_up(lag, "normalizing"), load())

@@ -34,7 +34,7 @@ def chat_span_request() -> tuple[bytes, str]:
 def test_a_store_of_any_file_name_has_every_view_and_answers_llm_calls(tmp_path: Path, name: str) -> None:
     server = ServerProcess(tmp_path / name, tmp_path).start()
     try:
-        health = httpx.get(f"{server.http_url}/healthz", timeout=10).json()
+        health = httpx.get(f"{server.http_url}/healthz", headers=server.auth, timeout=10).json()
         body, trace_id = chat_span_request()
         exported = httpx.post(
             f"{server.http_url}/v1/traces", content=body, headers={**PROTOBUF, **server.auth}, timeout=30
