@@ -30,13 +30,14 @@ class ConnectionLimits:
     max_header_bytes: int = 64 * 1024
 
 
-def descriptor_budget(max_connections: int) -> int:
-    """`max_connections`, or half of the process's file-descriptor limit when that is lower: the other half
-    stays for the store's files, gRPC, the upstream connections and the connections refused as they come."""
+def descriptor_budget(max_connections: int, *, share: int = 2) -> int:
+    """`max_connections`, or 1/`share` of the process's file-descriptor limit when that is lower. The HTTP
+    port takes a half, gRPC a quarter; the rest stays for the store's files, the upstream connections and
+    the connections refused as they come."""
     soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
     if soft == resource.RLIM_INFINITY:
         return max_connections
-    return max(1, min(max_connections, soft // 2))
+    return max(1, min(max_connections, soft // share))
 
 
 def raise_descriptor_limit() -> None:

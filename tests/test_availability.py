@@ -35,14 +35,14 @@ def guarded_server(tmp_path, *flags: str, max_open_files: int | None = None) -> 
 
 @contextmanager
 def slow_clients(
-    server: ServerProcess, count: int, source: str, first: bytes = HALF_REQUEST
+    server: ServerProcess, count: int, source: str, first: bytes = HALF_REQUEST, *, port: int | None = None
 ) -> Iterator[list]:
     """`count` connections from the loopback address `source`, each having sent `first` and nothing more."""
     sockets = []
     try:
         for _ in range(count):
             sock = socket.create_connection(
-                ("127.0.0.1", server.http_port), timeout=5, source_address=(source, 0)
+                ("127.0.0.1", port or server.http_port), timeout=5, source_address=(source, 0)
             )
             sock.sendall(first)
             sockets.append(sock)
@@ -125,6 +125,19 @@ def test_connections_over_the_total_cap_are_refused_and_grpc_keeps_working(tmp_p
             raw_trace_export(server, spans_request(2)[0].SerializeToString(), server.token)  # another port
             time.sleep(HEADER_TIMEOUT_S + 0.5)  # the held ones time out and free the slots
             exports_work(server)
+    finally:
+        server.stop()
+
+
+def test_grpc_connections_that_never_open_a_session_are_closed_at_the_header_timeout(tmp_path):
+    server = guarded_server(tmp_path)
+    try:
+        with slow_clients(server, 20, "127.0.0.2", b"", port=server.grpc_port) as idle:
+            exports_work(server)
+            started = time.monotonic()
+            for sock in idle:
+                assert answer(sock, HEADER_TIMEOUT_S + MARGIN_S) is not None  # closed (after a GOAWAY)
+            assert time.monotonic() - started < HEADER_TIMEOUT_S + MARGIN_S
     finally:
         server.stop()
 

@@ -12,6 +12,7 @@ from google.rpc.error_details_pb2 import RetryInfo
 from otel_rl.auth import Auth, Unauthorized
 from otel_rl.collector.decode import REQUEST_TYPES, DecodeError, Signal, parse_protobuf
 from otel_rl.collector.export import prepare_export
+from otel_rl.connections import ConnectionLimits, descriptor_budget
 from otel_rl.observability.ingest import IngestMetrics
 from otel_rl.store import Saturated, Store
 from otel_rl.store.writer import StoreUnavailable
@@ -20,6 +21,8 @@ log = logging.getLogger(__name__)
 
 # Far above gRPC's 4 MiB default: the OTel exporters send batches of up to 64 MiB.
 MAX_MESSAGE_BYTES = 80 * 1024 * 1024
+# Exports running or queued for a worker at once; more are refused RESOURCE_EXHAUSTED, which exporters retry.
+MAX_CONCURRENT_RPCS = 128
 _SERVICES: dict[Signal, str] = {
     "traces": "opentelemetry.proto.collector.trace.v1.TraceService",
     "logs": "opentelemetry.proto.collector.logs.v1.LogsService",
@@ -28,16 +31,28 @@ _SERVICES: dict[Signal, str] = {
 
 
 def start_grpc_server(
-    store: Store, auth: Auth, metrics: IngestMetrics, *, host: str, port: int, workers: int = 8
+    store: Store,
+    auth: Auth,
+    metrics: IngestMetrics,
+    *,
+    host: str,
+    port: int,
+    workers: int = 8,
+    limits: ConnectionLimits | None = None,
 ) -> tuple[grpc.Server, int]:
     """Start the OTLP/gRPC services on host:port (0 picks a free port), each export counted in `metrics`;
-    returns the server and its port."""
+    returns the server and its port. `limits`: its connections at once (within a quarter of the open-file
+    limit) and how long a client may take to open its HTTP/2 session."""
+    limits = limits or ConnectionLimits()
     server = grpc.server(
         futures.ThreadPoolExecutor(max_workers=workers, thread_name_prefix="otel-rl-grpc"),
         options=[
             ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
             ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+            ("grpc.max_allowed_incoming_connections", descriptor_budget(limits.max_connections, share=4)),
+            ("grpc.server_handshake_timeout_ms", round(limits.header_timeout_s * 1000)),
         ],
+        maximum_concurrent_rpcs=MAX_CONCURRENT_RPCS,
     )
     for signal, service in _SERVICES.items():
         handler = grpc.unary_unary_rpc_method_handler(
