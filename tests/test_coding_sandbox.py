@@ -1,0 +1,170 @@
+"""The sandbox a coding agent works in: real bubblewrap over a real one-commit workspace."""
+
+import os
+import socket
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+from coding_tasks import calc_task_file, humaneval_task_file
+
+from otel_rl.coding import sandbox
+from otel_rl.coding.tasks import load_tasks
+from otel_rl.coding.workspace import make_workspace
+
+OTEL_RL = str(Path(sys.executable).with_name("otel-rl"))
+SMALL = sandbox.Limits(
+    cpu_seconds=5, memory_bytes=512 << 20, processes=32, file_bytes=1 << 20, wall_seconds=20
+)
+
+
+@pytest.fixture
+def workspace(tmp_path: Path) -> Path:
+    task_set = load_tasks(calc_task_file(tmp_path))
+    work = make_workspace(task_set, task_set.tasks[0], tmp_path / "work")
+    sandbox.hand_over(work)
+    return work
+
+
+def run(workspace: Path, script: str, limits: sandbox.Limits = SMALL) -> sandbox.Completed:
+    return sandbox.run(workspace, ["sh", "-c", script], limits=limits)
+
+
+def test_the_workspace_is_one_commit_of_the_base_without_the_future_fix(workspace: Path) -> None:
+    done = run(
+        workspace, "git log --all --oneline | wc -l; git grep -c FUTURE-FIX-MARKER $(git rev-list --all)"
+    )
+    assert done.stdout.decode().split()[0] == "1"
+    assert b"FUTURE-FIX-MARKER" not in done.stdout
+    assert (workspace / "calc" / "__init__.py").read_text().count("a - b") == 1
+
+
+def test_host_temp_and_home_and_the_task_files_are_not_visible(workspace: Path, tmp_path: Path) -> None:
+    marker = tmp_path / "host-secret.txt"
+    marker.write_text("secret")
+    host_home = Path.home()
+    python_ancestors = {p.name for p in Path(os.path.realpath(sys.base_prefix)).parents}
+    done = run(
+        workspace, f"cat {marker}; cat {tmp_path / 'tasks.jsonl'}; ls -A /tmp; echo; ls -A {host_home}"
+    )
+    assert b"secret" not in done.stdout and b"test_add_zero" not in done.stdout
+    lines = done.stdout.decode().split("\n")
+    assert lines[0] == ""  # /tmp inside is empty
+    inside_home = set(lines[1].split())
+    assert inside_home <= python_ancestors  # only the path down to the Python environment, nothing else
+    assert set(os.listdir(host_home)) - python_ancestors, "the host home has entries to hide"
+
+
+def test_no_network_a_host_loopback_port_is_unreachable(workspace: Path) -> None:
+    listener = socket.create_server(("127.0.0.1", 0))
+    port = listener.getsockname()[1]
+    accepted: list[object] = []
+    threading.Thread(target=lambda: accepted.append(listener.accept()), daemon=True).start()
+    probe = f"""
+import socket
+try:
+    socket.create_connection(("127.0.0.1", {port}), timeout=3)
+    print("connected")
+except OSError as error:
+    print(type(error).__name__)
+"""
+    done = sandbox.run(workspace, ["python", "-c", probe], limits=SMALL)
+    assert done.stdout.strip() == b"ConnectionRefusedError"
+    socket.create_connection(("127.0.0.1", port), timeout=3).close()  # the control: reachable from the host
+    listener.close()
+    assert len(accepted) == 1
+
+
+def test_root_is_read_only_and_the_workspace_is_writable(workspace: Path) -> None:
+    done = run(
+        workspace,
+        "touch /usr/x 2>/dev/null || echo ro; touch new && echo rw; grep NoNewPrivs /proc/self/status",
+    )
+    assert done.stdout.split() == [b"ro", b"rw", b"NoNewPrivs:", b"1"]
+    assert (workspace / "new").exists()
+
+
+def test_a_fork_bomb_is_cut_by_the_process_limit(workspace: Path) -> None:
+    bomb = """
+import os, time
+forks = 0
+for _ in range(200):
+    try:
+        pid = os.fork()
+    except BlockingIOError:
+        break
+    if pid == 0:
+        time.sleep(5)
+        os._exit(0)
+    forks += 1
+print(forks)
+"""
+    done = sandbox.run(workspace, ["python", "-c", bomb], limits=SMALL)
+    assert 0 < int(done.stdout) < SMALL.processes
+
+
+def test_a_memory_hog_is_cut_by_the_memory_limit(workspace: Path) -> None:
+    done = sandbox.run(workspace, ["python", "-c", "x = bytearray(2 << 30)"], limits=SMALL)
+    assert done.returncode != 0 and b"MemoryError" in done.stderr
+
+
+def test_an_infinite_loop_is_cut_by_the_cpu_limit(workspace: Path) -> None:
+    limits = sandbox.Limits(cpu_seconds=1, wall_seconds=20)
+    done = sandbox.run(workspace, ["python", "-c", "while True: pass"], limits=limits)
+    assert done.returncode not in (0, None) and done.seconds < 10
+
+
+def test_a_sleeper_is_cut_by_the_wall_clock(workspace: Path) -> None:
+    done = sandbox.run(workspace, ["sleep", "60"], limits=sandbox.Limits(wall_seconds=1))
+    assert done.timed_out and done.seconds < 10
+
+
+def test_a_big_file_is_cut_by_the_file_size_limit(workspace: Path) -> None:
+    done = run(workspace, "head -c 4000000 /dev/zero > big")
+    assert done.returncode != 0 and (workspace / "big").stat().st_size <= SMALL.file_bytes
+
+
+def test_a_sandbox_that_cannot_start_is_an_error_not_a_command_failure(
+    workspace: Path, tmp_path: Path
+) -> None:
+    missing = sandbox.Bind(tmp_path / "absent", "/absent")
+    with pytest.raises(sandbox.SandboxError, match="did not start.*absent"):
+        sandbox.run(workspace, ["true"], limits=SMALL, binds=(missing,))
+
+
+def test_refused_user_namespaces_say_how_to_enable_them(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A kernel that refuses namespaces, as bwrap reports it: bwrap is run with an unshare it cannot do.
+    fake_bin = tmp_path / "bin"
+    fake_bin.mkdir()
+    (fake_bin / "bwrap").write_text(
+        "#!/bin/sh\necho 'bwrap: No permissions to creating new namespace' >&2\nexit 1\n"
+    )
+    (fake_bin / "bwrap").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{fake_bin}:{os.environ['PATH']}")
+    sandbox.probe_user_namespaces.cache_clear()
+    try:
+        with pytest.raises(sandbox.SandboxError, match="unprivileged_userns_clone=1.*max_user_namespaces"):
+            sandbox.probe_user_namespaces()
+    finally:
+        sandbox.probe_user_namespaces.cache_clear()
+
+
+def test_sandbox_run_command_exits_with_the_command_status_and_hides_the_hidden_tests(tmp_path: Path) -> None:
+    tasks = humaneval_task_file(tmp_path, count=1)
+    done = subprocess.run(
+        [OTEL_RL, "sandbox", "run", str(tasks), "--instance", "HumanEval__0", "--",
+         "sh", "-c", "ls -A; test -e tests || echo no-hidden-tests; exit 7"],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert done.returncode == 7, done.stderr
+    assert done.stdout.split() == [".git", "solution.py", "no-hidden-tests"]
+    unknown = subprocess.run(
+        [OTEL_RL, "sandbox", "run", str(tasks), "--instance", "nope", "--", "true"],
+        capture_output=True,
+        text=True,
+    )
+    assert unknown.returncode == 2 and "no task with instance_id 'nope'" in unknown.stderr
