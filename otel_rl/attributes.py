@@ -36,6 +36,12 @@ CHOICE_LOGPROBS = "otel_rl.choices.{i}.logprobs"
 POLICY_VERSION = "otel_rl.policy.version"
 SAMPLING_PARAMS = "otel_rl.sampling.params"  # JSON of the sampling parameters actually sent
 SERVER_URL = "otel_rl.server.url"  # the vLLM server that answered
+# Whether vLLM sampled from a constrained distribution (forced tool choice, response format, grammar, logit
+# bias, penalties...), which of the request's fields constrained it, and what the recorded logprobs are:
+# sampling | rescored | constrained (otel_rl/gateway/rescoring.py)
+DECODING_CONSTRAINED = "otel_rl.decoding.constrained"
+DECODING_CONSTRAINTS = "otel_rl.decoding.constraints"
+LOGPROBS_SOURCE = "otel_rl.logprobs.source"
 # The API the harness called: chat_completions | completions | messages | responses (the last two are
 # recorded as the chat call they were translated into)
 GATEWAY_API = "otel_rl.gateway.api"

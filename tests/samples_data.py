@@ -44,6 +44,8 @@ LLM_CALLS_SCHEMA = pl.Schema(
         "prompt_token_ids": pl.List(pl.Int32),
         "completion_token_ids": pl.List(pl.List(pl.Int32)),
         "completion_logprobs": pl.List(pl.List(pl.Float32)),
+        "logprobs_source": pl.String,
+        "decoding_constrained": pl.Boolean,
         "policy_version": pl.Int32,
         "sampling_params": pl.String,
         "server_url": pl.String,
@@ -105,6 +107,7 @@ def call(
     messages: list[dict[str, Any]] | None = None,
     outputs: list[dict[str, Any]] | None = None,
     tools: list[dict[str, Any]] | None = None,
+    logprobs_source: str = "sampling",
 ) -> dict[str, Any]:
     """One `llm_calls` row; `t` orders calls in time."""
     n = len(completions) if completions is not None else len(outputs or [])
@@ -122,6 +125,8 @@ def call(
         "prompt_token_ids": prompt,
         "completion_token_ids": completions,
         "completion_logprobs": logprobs,
+        "logprobs_source": logprobs_source if logprobs is not None else None,
+        "decoding_constrained": logprobs_source != "sampling",
         "policy_version": version,
         "input_messages": json.dumps(messages) if messages is not None else None,
         "output_messages": json.dumps(outputs) if outputs is not None else None,

@@ -320,6 +320,24 @@ def test_unknown_logprobs_are_zero_and_flagged():
     assert row["rollout_logprobs"] == [0.0, 0.0] and not row["has_logprobs"]
 
 
+def test_constrained_logprobs_are_kept_out_and_rescored_ones_kept_and_both_counted():
+    """A constrained call's logprobs are not the policy's (the gateway's scoring pass failed): unknown; rescored
+    ones are the policy's. Both calls count in `constrained_calls` and the report's logprobs sources."""
+    samples, report = build(
+        calls_frame(
+            call("r1", "s1", [1, 2], [[10, 11]], [[-0.5, -0.25]], t=1),
+            call("r1", "s2", [1, 2, 10, 11, 3], [[12]], [[-2.0]], t=2, logprobs_source="constrained"),
+            call("r2", "s3", [1, 2], [[13]], [[-0.75]], t=3, logprobs_source="rescored"),
+        ),
+        rollouts_frame(("r1", "g", "ok"), ("r2", "g", "ok")),
+        rewards_frame(("r1", 1.0), ("r2", 0.0)),
+    )
+    first, second = one(samples, rollout_id="r1"), one(samples, rollout_id="r2")
+    assert not first["has_logprobs"] and first["constrained_calls"] == 1 and first["n_calls"] == 2
+    assert second["has_logprobs"] and second["rollout_logprobs"] == [-0.75] and second["constrained_calls"] == 1
+    assert report.logprobs_sources == {"constrained": 1, "rescored": 1, "sampling": 1}
+
+
 def test_no_selected_rollouts_give_no_samples_and_an_empty_report():
     samples, report = build(calls_frame(), rollouts_frame(), rewards_frame())
     assert samples.height == 0 and samples.columns[:3] == ["segment_id", "rollout_id", "attempt_id"]

@@ -28,7 +28,8 @@ CREATE OR REPLACE MACRO call_attributes_of(attributes) AS from_json(attributes, 
     "error.type": "VARCHAR", "gen_ai.openai.api_base": "VARCHAR",
     "server.address": "VARCHAR", "server.port": "INTEGER",
     "otel_rl.policy.version": "INTEGER", "otel_rl.sampling.params": "VARCHAR",
-    "otel_rl.server.url": "VARCHAR"}');
+    "otel_rl.server.url": "VARCHAR",
+    "otel_rl.decoding.constrained": "BOOLEAN", "otel_rl.logprobs.source": "VARCHAR"}');
 
 -- The latest semconv content of a call: a span's content_attributes, or an operation-details log record's
 -- attributes. Read as text, whether sent as a JSON string (spans) or structured (log records), then read

@@ -233,6 +233,10 @@ normalized AS (
             WHEN 'gateway' THEN try(json(a."otel_rl.sampling.params"))
             WHEN 'openinference' THEN oi_params
         END AS sampling_params,
+        -- the gateway's: whether vLLM sampled from a constrained distribution, and what the recorded logprobs
+        -- are (sampling | rescored | constrained: otel_rl/gateway/rescoring.py, docs/gateway.md)
+        CASE WHEN span_dialect = 'gateway' THEN a."otel_rl.decoding.constrained" END AS decoding_constrained,
+        CASE WHEN span_dialect = 'gateway' THEN a."otel_rl.logprobs.source" END AS recorded_logprobs_source,
         coalesce(a."otel_rl.server.url", a."gen_ai.openai.api_base",
                  a."server.address" || coalesce(':' || a."server.port", '')) AS server_url,
         resource_attributes ->> 'service.name' AS service_name,
@@ -287,6 +291,10 @@ SELECT
          THEN c.completion_token_ids_raw END AS completion_token_ids,
     CASE WHEN list_bool_or([l IS NOT NULL FOR l IN c.completion_logprobs_raw])
          THEN c.completion_logprobs_raw END AS completion_logprobs,
+    -- vLLM's logprobs as it sampled, unless the gateway says otherwise (spans recorded before it did say)
+    CASE WHEN list_bool_or([l IS NOT NULL FOR l IN c.completion_logprobs_raw])
+         THEN coalesce(c.recorded_logprobs_source, 'sampling') END AS logprobs_source,
+    c.decoding_constrained,
     c.policy_version,
     c.sampling_params,
     c.server_url,

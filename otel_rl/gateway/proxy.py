@@ -26,6 +26,7 @@ from otel_rl.gateway.protocols import Protocol, ProtocolError, ProtocolStream, R
 from otel_rl.gateway.recording import CallRecord
 from otel_rl.gateway.relay import StreamFailed, relay_events, sse_error
 from otel_rl.gateway.reload import GatewayPaused, ReloadCoordinator, ReloadResult
+from otel_rl.gateway.rescoring import constraints, policy_logprobs
 from otel_rl.gateway.servers import InferenceServer, NoServerAvailable, ServerPool, retry_delay_s
 from otel_rl.gateway.settings import GatewaySettings
 from otel_rl.gateway.span_rows import CallSpanWriter
@@ -68,6 +69,7 @@ class Gateway:
             reload_timeout_s=settings.reload_timeout_s,
         )
         self._health_task: asyncio.Task | None = None
+        self._scoring: set[asyncio.Task] = set()  # streamed calls being scored after their relay ended
 
     async def start(self) -> None:
         await self.client.start()
@@ -76,6 +78,7 @@ class Gateway:
     async def stop(self) -> None:
         if self._health_task is not None:
             self._health_task.cancel()
+        await asyncio.gather(*self._scoring, return_exceptions=True)  # their spans are recorded when done
         await self.client.close()
         self.call_spans.close()  # stores the spans still queued
         self.tracer_provider.shutdown()
@@ -154,6 +157,7 @@ class Gateway:
                 response.release()
                 server.in_flight -= 1
             answer = self._answer(record, asked, response.status, content, protocol, request)
+            await self._score(record)
             return self._finish(record, answer)
         finally:
             if not relaying:
@@ -278,16 +282,49 @@ class Gateway:
                 else:  # the client left or the call failed: dropping the connection makes vLLM abort it
                     response.close()
                 server.in_flight -= 1
-                self.coordinator.release()
                 if record.error_type is None and not assembler.finished:
                     record.error_type, record.error_message = (
                         "client_disconnected",
                         "the client left mid-stream",
                     )
                 record.output = assembler.output
-                self._finish(record, None)
+                if self._scored(record):
+                    # in a task of its own: the relay is cancelled as soon as the client, which has every
+                    # chunk already, leaves; the task releases the admission once the call is scored
+                    task = asyncio.create_task(self._score_then_finish(record))
+                    self._scoring.add(task)
+                    task.add_done_callback(self._scoring.discard)
+                else:
+                    self.coordinator.release()
+                    self._finish(record, None)
 
         return StreamingResponse(relay(), media_type="text/event-stream")
+
+    @staticmethod
+    def _scored(record: CallRecord) -> bool:
+        """Whether a call needs the scoring pass: it succeeded and vLLM sampled it under constraints."""
+        return (
+            record.error_type is None
+            and record.output is not None
+            and record.server_url is not None
+            and bool(constraints(record.sent))
+        )
+
+    async def _score(self, record: CallRecord) -> None:
+        """Give a constrained call the policy's logprobs (rescoring.py) while it still holds its admission: a
+        reload waits for it, so the server scores it with the weights that sampled it."""
+        if self._scored(record):
+            assert record.output is not None and record.server_url is not None  # _scored checked both
+            record.logprobs_source = await policy_logprobs(
+                self.client, record.server_url, record.sent, record.output, self.settings.upstream_timeout_s
+            )
+
+    async def _score_then_finish(self, record: CallRecord) -> None:
+        try:
+            await self._score(record)
+        finally:
+            self.coordinator.release()
+            self._finish(record, None)
 
     def _upstream_failure(self, record: CallRecord, error: UpstreamError) -> CallError:
         """The client's error for a transport failure between the gateway and vLLM, noted on the record."""

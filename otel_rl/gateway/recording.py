@@ -11,6 +11,7 @@ from opentelemetry.trace import SpanKind, Status, StatusCode, Tracer
 
 from otel_rl import attributes as names
 from otel_rl.gateway.outputs import CallOutput, ChoiceOutput
+from otel_rl.gateway.rescoring import CONSTRAINED, SAMPLING, constraints
 from otel_rl.gateway.upstream import sampling_params
 
 PROVIDER = "vllm"
@@ -35,6 +36,7 @@ class CallRecord:
     error_message: str | None = None
     time_to_first_chunk_s: float | None = None
     api: str | None = None  # a protocol's API ("messages", "responses") translated into this chat call
+    logprobs_source: str | None = None  # set by the scoring pass (rescoring.policy_logprobs)
 
 
 def record_call(tracer: Tracer, record: CallRecord) -> None:
@@ -81,8 +83,15 @@ def call_attributes(record: CallRecord, *, packed_tokens: bool = True) -> dict[s
         attributes["gen_ai.input.messages"] = orjson.dumps(messages).decode()
     if request.get("tools"):
         attributes["gen_ai.tool.definitions"] = orjson.dumps(request["tools"]).decode()
+    found = constraints(sent)
+    attributes[names.DECODING_CONSTRAINED] = bool(found)
+    if found:
+        attributes[names.DECODING_CONSTRAINTS] = found
     if record.output is not None:
         attributes.update(_output_attributes(record.output, packed_tokens))
+        if any(choice.logprobs is not None for choice in record.output.choices):
+            # a call never rescored (a failed one) keeps vLLM's sampled logprobs, named for what they are
+            attributes[names.LOGPROBS_SOURCE] = record.logprobs_source or (CONSTRAINED if found else SAMPLING)
     if record.time_to_first_chunk_s is not None:
         attributes["gen_ai.response.time_to_first_chunk"] = record.time_to_first_chunk_s
     if record.error_type is not None:

@@ -9,6 +9,8 @@ import polars as pl
 import pyarrow as pa
 
 ABORTED_FINISH_REASONS = ("abort", "error")
+# llm_calls.logprobs_source of calls vLLM sampled under constraints (rescored: logprobs the policy's again)
+CONSTRAINED_SOURCES = ("rescored", "constrained")
 
 
 def flat_lists(series: pl.Series) -> tuple[np.ndarray, np.ndarray]:
@@ -151,8 +153,8 @@ def _aligned_logprobs() -> pl.Expr:
 def merge_segments(calls: pl.DataFrame) -> tuple[pl.DataFrame, MergeCounts]:
     """Merge calls (grouped by `rollout_id`, each rollout's calls in time order) into segments.
 
-    Needs `rollout_id`, `span_id`, `prompt_ids`, `completion_ids`, `completion_logprobs`, `finish_reasons`,
-    `policy_version`, `token_source`. A call extends the open segment whose whole context (its last call's
+    Needs `rollout_id`, `span_id`, `prompt_ids`, `completion_ids`, `completion_logprobs`, `logprobs_source`,
+    `finish_reasons`, `policy_version`, `token_source`. A call extends the open segment whose whole context (its last call's
     prompt + answer) is an exact token prefix of the call's prompt; the tokens in between join with mask 0.
     A call that extends none starts a segment; an identical repeat of a call is kept once; aborted choices
     are left out; the first kept choice of an n > 1 call extends, each other choice starts a sibling one.
@@ -220,6 +222,7 @@ def merge_segments(calls: pl.DataFrame) -> tuple[pl.DataFrame, MergeCounts]:
 
     version = calls["policy_version"].cast(pl.Float64).fill_null(np.nan).to_numpy()[call]
     retokenized = (calls["token_source"] == "retokenized").to_numpy()[call].astype(np.int8)
+    constrained = calls["logprobs_source"].is_in(CONSTRAINED_SOURCES).fill_null(False).to_numpy()[call]
     span_ids = calls["span_id"].to_arrow().take(pa.array(call))
     rollout_ids = calls["rollout_id"].gather(call[first])
     segments_frame = pl.DataFrame(
@@ -234,6 +237,7 @@ def merge_segments(calls: pl.DataFrame) -> tuple[pl.DataFrame, MergeCounts]:
             pl.Series("policy_version_max", per_segment(np.fmax, version)).fill_nan(None).cast(pl.Int64),
             pl.Series("token_source", np.where(per_segment(np.maximum, retokenized), "retokenized", "exact")),
             pl.Series("n_calls", np.diff(seg_choice_offsets).astype(np.int32)),
+            pl.Series("constrained_calls", per_segment(np.add, constrained.astype(np.int32))),
             pl.Series("span_ids", pa.LargeListArray.from_arrays(pa.array(seg_choice_offsets), span_ids)),
             list_series(
                 "choice_indices", (choice - choice_offsets[call]).astype(np.int32), seg_choice_offsets
@@ -275,10 +279,15 @@ def _choice_logprobs(
 
     `logprobs` is null for a call unless it covers every choice token for token (see `_aligned_logprobs`).
     """
-    (values, _), call_offsets = flat_lists_of_lists(logprobs)
-    known = np.repeat(np.diff(call_offsets) > 0, choice_counts)
+    (values, inner_offsets), call_offsets = flat_lists_of_lists(logprobs)
+    # by the null mask, not the offsets: a list nulled by `when/then` keeps its values in Arrow
+    known_calls = logprobs.is_not_null().to_numpy() & (np.diff(call_offsets) > 0)
+    starts, ends = inner_offsets[call_offsets[:-1]], inner_offsets[call_offsets[1:]]
+    known = np.repeat(known_calls, choice_counts)
     out = np.zeros(completion_offsets[-1], dtype=np.float32)
-    out[np.repeat(known, np.diff(completion_offsets))] = values
+    out[np.repeat(known, np.diff(completion_offsets))] = values[
+        ranges(starts[known_calls], (ends - starts)[known_calls])
+    ]
     return out, known
 
 

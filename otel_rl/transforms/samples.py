@@ -46,6 +46,7 @@ SAMPLE_COLUMNS = (
     "truncated",
     "span_ids",
     "choice_indices",
+    "constrained_calls",
 )
 ROLLOUT_COLUMNS = ("rollout_id", "attempt_id", "group_id", "task_id", "status")
 CALL_COLUMNS = (
@@ -57,6 +58,7 @@ CALL_COLUMNS = (
     "prompt_token_ids",
     "completion_token_ids",
     "completion_logprobs",
+    "logprobs_source",
     "policy_version",
 )
 SHOWN_GROUPS = 20
@@ -100,6 +102,7 @@ class Report:
     untrusted_rewards: dict[str, int] = field(default_factory=dict)
     cut: dict[str, int] = field(default_factory=dict)
     token_sources: dict[str, int] = field(default_factory=dict)  # calls by source
+    logprobs_sources: dict[str, int] = field(default_factory=dict)  # calls with logprobs, by their source
     drift: Drift | None = None
     reward_by_group: dict[str, dict[str, float]] = field(default_factory=dict)  # group -> rollouts, mean
 
@@ -200,6 +203,7 @@ def build_samples(
     sources = calls["token_source"].fill_null("none")
     report.token_sources = dict(sources.value_counts().sort("token_source").iter_rows())
     dropped_calls["no_token_ids"] = report.token_sources.get("none", 0)
+    report.logprobs_sources = _count(calls.drop_nulls("logprobs_source"), "logprobs_source")
     if tokenizer is not None and options.drift_sample > 0:
         report.drift = measure_drift(calls, tokenizer, options.drift_sample)
 
@@ -293,6 +297,8 @@ def report_table(report: Report) -> Any:
     if report.cut:
         table.add_row("cut", ", ".join(f"{reason}: {n}" for reason, n in report.cut.items()))
     table.add_row("token sources", ", ".join(f"{s}: {n}" for s, n in report.token_sources.items()) or "-")
+    if report.logprobs_sources:
+        table.add_row("logprobs", ", ".join(f"{s}: {n}" for s, n in report.logprobs_sources.items()))
     if report.drift is not None:
         drift = report.drift
         where = f", first difference at {sorted(drift.first_diff_positions)[:5]}" if drift.differing else ""

@@ -11,6 +11,8 @@ import polars as pl
 
 EXACT = "exact"
 RETOKENIZED = "retokenized"
+# llm_calls.logprobs_source of logprobs sampled under constraints, which are not the policy's (docs/gateway.md)
+CONSTRAINED_LOGPROBS = "constrained"
 
 
 def openai_message(message: dict[str, Any]) -> dict[str, Any]:
@@ -127,6 +129,7 @@ def call_tokens(calls: pl.DataFrame, tokenizer: Any | None) -> pl.DataFrame:
 
     Exact ids are used when the call recorded both prompt and completion ids; otherwise, with a tokenizer, the
     normalized messages are retokenized (`token_source = retokenized`, `completion_logprobs` null: unknown).
+    Logprobs of a constrained distribution (`logprobs_source = constrained`) are not the policy's: null too.
     Calls left without ids (no tokenizer, no messages, or a template that is not append-only) get a null
     `token_source`.
     """
@@ -150,7 +153,8 @@ def call_tokens(calls: pl.DataFrame, tokenizer: Any | None) -> pl.DataFrame:
             completion_ids=exact_or(
                 pl.col("completion_token_ids").cast(pl.List(pl.List(pl.Int32)))
             ).otherwise("_rcompletion"),
-            completion_logprobs=exact_or(pl.col("completion_logprobs").cast(pl.List(pl.List(pl.Float32)))),
+            completion_logprobs=pl.when(pl.col("_exact") & pl.col("logprobs_source").ne_missing(CONSTRAINED_LOGPROBS))
+            .then(pl.col("completion_logprobs").cast(pl.List(pl.List(pl.Float32)))),
             token_source=exact_or(pl.lit(EXACT))
             .when(pl.col("_rprompt").is_not_null())
             .then(pl.lit(RETOKENIZED)),
