@@ -262,24 +262,13 @@ def sql_command(
             raise typer.BadParameter("parquet needs an output file: -o FILE", param_hint="--format")
         frame.write_parquet(output)
     elif output_format is OutputFormat.table:
+        from otel_rl.query_table import fitting_table
+
         console = Console(file=output.open("w") if output else None, width=200 if output else None)
-        console.print(_rich_table(frame))
+        console.print(fitting_table(frame, console.width))
     else:
         text = csv_text(frame) if output_format is OutputFormat.csv else frame.write_json()
         if output:
             output.write_text(text)
         else:
             typer.echo(text, nl=False)
-
-
-def _rich_table(frame: pl.DataFrame):  # noqa: ANN202 - rich.table.Table
-    from rich.table import Table
-    from rich.text import Text
-
-    table = Table(caption=f"{frame.height} row(s)")
-    for name in frame.columns:
-        table.add_column(name, overflow="fold")
-    for row in frame.iter_rows():
-        # Text, not markup: values such as "[1, 2]" must print as they are.
-        table.add_row(*(Text("NULL", style="dim") if value is None else Text(str(value)) for value in row))
-    return table
