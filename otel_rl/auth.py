@@ -7,17 +7,25 @@ import hmac
 import os
 import secrets
 import threading
+import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:
+from otel_rl.attributes import ATTEMPT_ID, ROLLOUT_ID
+
+if TYPE_CHECKING:  # the store needs DuckDB, which a harness's light install (otel_rl.sdk) lacks
     from otel_rl.store import Store
+    from otel_rl.store.keys import StoredKey
 
 TOKEN_FILE = Path(".otel_rl") / "token"
 ROLLOUT_KEY_PREFIX = "orl-rk-"
 MAX_TOKEN_FILE_BYTES = 4096  # a token is a line; anything larger is the wrong file
+# Longer than an attempt should run (the controller's timeout is 10 minutes by default, and it revokes the key
+# when the attempt ends); short enough that a key left in a finished harness's environment dies the same day.
+DEFAULT_KEY_LIFETIME_S = 6 * 3600.0
 
 
 class Unauthorized(PermissionError):
@@ -30,12 +38,12 @@ class Forbidden(PermissionError):
 
 @dataclass(frozen=True)
 class Principal:
-    """Who a request is from: the admin, or the agent of one rollout."""
+    """Who a request is from: the admin, or the agent of one attempt of one rollout."""
 
     admin: bool
     rollout_id: str | None = None
-    # The rollout identity the key was issued with (otel_rl.* keys: attempt, group, task, split): what its
-    # records may say. Kept in memory: after a restart, a key's records are held to its rollout id alone.
+    # The identity the key was issued with (otel_rl.* keys: rollout, attempt, group, task, split): what its
+    # calls are attributed to and what its records may say.
     identity: Mapping[str, str] = field(default_factory=dict)
 
 
@@ -128,48 +136,93 @@ def key_hash(key: str) -> str:
 
 
 class Auth:
-    """Checks bearer tokens against the admin token and the rollout keys of one store."""
+    """Checks bearer tokens against the admin token and the rollout keys of one store.
 
-    def __init__(self, store: Store, admin_token: str, *, admin_token_source: str = str(TOKEN_FILE)) -> None:
+    A rollout key acts for one attempt of one rollout: a key issued for a new attempt of the rollout revokes
+    the keys of its earlier attempts, the controller revokes an attempt's key when the attempt ends, the
+    admin may revoke any, and every key expires `key_lifetime_s` after it was issued. Revocations are stored.
+    """
+
+    def __init__(
+        self,
+        store: Store,
+        admin_token: str,
+        *,
+        key_lifetime_s: float = DEFAULT_KEY_LIFETIME_S,
+        admin_token_source: str = str(TOKEN_FILE),
+    ) -> None:
+        if key_lifetime_s <= 0:
+            raise ValueError(f"--rollout-key-lifetime must be > 0 seconds, not {key_lifetime_s:g}")
         self._store = store
         self._admin_token = admin_token.encode()
         self._admin_token_whereabouts = admin_token_whereabouts(admin_token_source)
-        self._lock = threading.Lock()
-        self._rollout_keys = store.rollout_keys()
-        self._identities: dict[str, dict[str, str]] = {}  # key hash -> identity it was issued with
+        self.key_lifetime_s = key_lifetime_s
+        self._lock = threading.Lock()  # guards the two maps below
+        self._keys = store.rollout_keys(key_lifetime_s)
+        self._by_rollout: dict[str, set[str]] = {}  # rollout id -> its key hashes
+        for stored in self._keys.values():
+            self._by_rollout.setdefault(stored.rollout_id, set()).add(stored.key_hash)
 
     def issue_rollout_key(self, rollout_id: str, identity: Mapping[str, str] | None = None) -> str:
-        """A new key that acts for `rollout_id` only, with the rest of its `identity` (otel_rl.* keys); it
-        survives restarts (its hash is in the store; the identity beyond the rollout id does not)."""
+        """A new key that acts for `rollout_id` only, with the rest of its `identity` (otel_rl.* keys); its
+        hash, attempt and identity are stored (it survives restarts). With an attempt id, the rollout's keys
+        of other attempts are revoked first: an attempt that was retried can no longer call or report."""
+        from otel_rl.store.keys import StoredKey
+
         if not rollout_id:
             raise ValueError("a rollout key needs a rollout id")
         from otel_rl.input_rules import check_id, check_identity  # pydantic: not in a harness's light install
 
         check_id(rollout_id, "the rollout id")  # the rule of every route, for the whole identity
         check_identity(identity or {})
+        full = {**(identity or {}), ROLLOUT_ID: rollout_id}
+        attempt_id = full.get(ATTEMPT_ID)
+        if attempt_id is not None:
+            superseded = f"its attempt was superseded by attempt {attempt_id}"
+            self._revoke(rollout_id, lambda k: k.attempt_id != attempt_id, superseded)
         key = ROLLOUT_KEY_PREFIX + secrets.token_urlsafe(24)
-        hashed = key_hash(key)
-        self._store.add_rollout_key(hashed, rollout_id)
+        stored = StoredKey(key_hash(key), rollout_id, attempt_id, full, time.time() + self.key_lifetime_s)
+        self._store.add_rollout_key(stored)  # stored before it works: a key the store lost never works
         with self._lock:
-            self._rollout_keys[hashed] = rollout_id
-            if identity:
-                self._identities[hashed] = dict(identity)
+            self._keys[stored.key_hash] = stored
+            self._by_rollout.setdefault(rollout_id, set()).add(stored.key_hash)
         return key
 
+    def revoke_rollout_keys(self, rollout_id: str, attempt_id: str | None, reason: str) -> int:
+        """Revoke the valid keys of a rollout (of one of its attempts, with `attempt_id`); how many."""
+        return self._revoke(rollout_id, lambda k: attempt_id is None or k.attempt_id == attempt_id, reason)
+
+    def _revoke(self, rollout_id: str, matches: Callable[[StoredKey], bool], reason: str) -> int:
+        """Refuse the rollout's valid keys that match, at once here and for good in the store."""
+        now = time.time()
+        with self._lock:
+            keys = [self._keys[h] for h in self._by_rollout.get(rollout_id, ())]
+            revoked = [k for k in keys if k.revoked is None and k.expires_at > now and matches(k)]
+            for k in revoked:
+                self._keys[k.key_hash] = replace(k, revoked=reason)
+        if revoked:
+            self._store.revoke_rollout_keys([k.key_hash for k in revoked], reason)
+        return len(revoked)
+
     def authenticate(self, authorization: str | None, *, admin_only: bool = False) -> Principal:
-        """The principal of an Authorization header value; Unauthorized if missing or unknown, saying which
-        credentials the route (`admin_only` or not) accepts and where they are."""
+        """The principal of an Authorization header value; Unauthorized if missing, unknown, revoked or
+        expired, saying which credentials the route (`admin_only` or not) accepts and where they are."""
         token = bearer(authorization)
         if token is None:
             accepted = self._accepted(admin_only)
             raise Unauthorized(f"missing bearer token: send 'Authorization: Bearer <token>' with {accepted}")
         if hmac.compare_digest(token.encode(), self._admin_token):
             return ADMIN
-        hashed = key_hash(token)
-        rollout_id = self._rollout_keys.get(hashed)
-        if rollout_id is None:
+        stored = self._keys.get(key_hash(token))
+        if stored is None:
             raise Unauthorized(f"unknown bearer token: this route accepts {self._accepted(admin_only)}")
-        return Principal(admin=False, rollout_id=rollout_id, identity=self._identities.get(hashed, {}))
+        if stored.revoked is not None or stored.expires_at <= time.time():
+            attempt = f", attempt {stored.attempt_id}" if stored.attempt_id else ""
+            why = stored.revoked or f"it expired at {_utc(stored.expires_at)} (--rollout-key-lifetime)"
+            raise Unauthorized(
+                f"the rollout key of rollout {stored.rollout_id}{attempt} is no longer valid: {why}"
+            )
+        return Principal(admin=False, rollout_id=stored.rollout_id, identity=stored.identity)
 
     def _accepted(self, admin_only: bool) -> str:
         admin = f"the admin token ({self._admin_token_whereabouts})"
@@ -195,6 +248,10 @@ def admin_token_whereabouts(source: str) -> str:
     if name in ("--token-file", "OTEL_RL_TOKEN_FILE"):
         return f"in the file {path} ({name})"
     return f"in the file {source}, in the folder where otel-rl serve started"
+
+
+def _utc(seconds: float) -> str:
+    return datetime.fromtimestamp(seconds, UTC).isoformat(timespec="seconds")
 
 
 def admin_required(auth: Auth) -> Callable[..., Principal]:

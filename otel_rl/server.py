@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
+from otel_rl.auth import DEFAULT_KEY_LIFETIME_S
 from otel_rl.connections import ConnectionLimits
 
 if TYPE_CHECKING:
@@ -49,6 +50,7 @@ class ServeSettings:
     drain_timeout_s: float = 30.0  # how long a reload lets calls in flight finish before aborting them
     tokenizer: Path | None = None  # the model folder whose tokenizer decodes tokens in /ui; default: model
     archive: "ScheduleSettings | None" = None  # an archive run at start, then hourly; None: no run
+    rollout_key_lifetime_s: float = DEFAULT_KEY_LIFETIME_S  # a rollout key is refused this long after issue
     # The HTTP port's caps and read deadlines (otel_rl/connections.py, docs/security.md#availability)
     connections: ConnectionLimits = field(default_factory=ConnectionLimits)
     shutdown_timeout_s: float = 10.0  # after SIGTERM, how long requests in flight may take to finish
@@ -74,11 +76,13 @@ def create_app(settings: ServeSettings):  # noqa: ANN201 - FastAPI, imported laz
     from otel_rl.query_api import QueryLimits, RunningQueries, query_router
     from otel_rl.response_headers import SecurityHeaders
     from otel_rl.store import Store
+    from otel_rl.ui.link import ui_address, ui_link
     from otel_rl.ui.routes import ui_router
 
     store = Store(settings.db)
     token, token_source = admin_token(settings.token, explicit_file=settings.token_file)
-    auth = Auth(store, token, admin_token_source=token_source)
+    lifetime_s = settings.rollout_key_lifetime_s
+    auth = Auth(store, token, key_lifetime_s=lifetime_s, admin_token_source=token_source)
     archiving = ArchiveSchedule(store, settings.archive) if settings.archive is not None else None
     gateway, local_vllm = _gateway(settings, store, auth)
     metrics = server_metrics(
@@ -137,7 +141,8 @@ def create_app(settings: ServeSettings):  # noqa: ANN201 - FastAPI, imported laz
     app.state.auth = auth
     app.state.token_source = token_source
     app.state.metrics = metrics
-    app.state.ui_url = f"http://{settings.host}:{settings.http_port}/ui#token={token}"  # the page reads it
+    app.state.ui_address = ui_address(settings.host, settings.http_port)
+    app.state.ui_url = ui_link(settings.host, settings.http_port, token)  # holds the token: never in a log
     app.include_router(collector_router(store, auth, metrics.ingest, max_body_bytes=settings.max_body_bytes))
     limits = QueryLimits(
         timeout_s=settings.query_timeout_s,
@@ -319,6 +324,20 @@ def serve(
             " at start, then hourly"
         ),
     ] = None,
+    rollout_key_lifetime: Annotated[
+        float,
+        typer.Option(
+            min=1.0,
+            help="Seconds a rollout key works after it is issued (its attempt's end revokes it sooner)",
+        ),
+    ] = DEFAULT_KEY_LIFETIME_S,
+    print_ui_link: Annotated[
+        bool,
+        typer.Option(
+            help="Print the web view's link, which holds the admin token, to stdout (else it is only written"
+            " beside the store, mode 600)"
+        ),
+    ] = False,
     max_connections: Annotated[
         int,
         typer.Option(
@@ -346,6 +365,7 @@ def serve(
 
     from otel_rl.archive_api import ScheduleSettings
     from otel_rl.store.retention import PolicyError
+    from otel_rl.ui.link import web_view_line
 
     try:  # before the store opens
         archive = ScheduleSettings.from_flags(archive_after_days, retain_days, retain_bytes)
@@ -372,6 +392,7 @@ def serve(
         drain_timeout_s=drain_timeout,
         tokenizer=tokenizer,
         archive=archive,
+        rollout_key_lifetime_s=rollout_key_lifetime,
         connections=ConnectionLimits(
             max_connections=max_connections,
             max_connections_per_client=max_connections_per_client,
@@ -397,7 +418,9 @@ def serve(
     servers = ", ".join(server.url for server in app.state.gateway.pool.servers) or "none (--model / --vllm)"
     local = f" (starting vLLM for {settings.model})" if settings.model else ""
     console.print(f"gateway on http://{host}:{http_port}/v1 → vLLM {servers}{local}")
-    console.print(f"web view: {app.state.ui_url}", soft_wrap=True)
+    console.print(web_view_line(app.state.ui_address, app.state.ui_url, settings.db), soft_wrap=True)
+    if print_ui_link:  # asked for: on stdout, apart from the banner and the log
+        typer.echo(app.state.ui_url)
     # uvicorn turns SIGINT/SIGTERM into a clean shutdown; the lifespan then stops gRPC and closes the store.
     config = uvicorn_config(app, settings)
     _uvicorn_server(config, on_exit=app.state.queries.stop_all).run()

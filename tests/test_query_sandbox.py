@@ -27,10 +27,13 @@ HIDDEN = {
     "cte delete": "WITH d AS (DELETE FROM spans RETURNING *) SELECT count(*) FROM d",
     "cte update": "WITH u AS (UPDATE spans SET name = 'x' RETURNING *) SELECT count(*) FROM u",
     "cte insert of a rollout key": (
-        f"WITH k AS (INSERT INTO rollout_keys VALUES ('{PLANTED_HASH}', 'rollout-x', now()) RETURNING *)"
-        " SELECT * FROM k"
+        "WITH k AS (INSERT INTO rollout_keys (key_hash, rollout_id, created_at, expires_at)"
+        f" VALUES ('{PLANTED_HASH}', 'rollout-x', now(), now() + INTERVAL 1 DAY) RETURNING *) SELECT * FROM k"
     ),
     "cte delete of rollout keys": "WITH d AS (DELETE FROM rollout_keys RETURNING *) SELECT * FROM d",
+    "cte delete of key revocations": (
+        "WITH d AS (DELETE FROM rollout_key_revocations RETURNING *) SELECT * FROM d"
+    ),
     "subquery": "SELECT * FROM (WITH d AS (DELETE FROM spans RETURNING *) SELECT * FROM d)",
     "query()": "SELECT * FROM query('DELETE FROM spans')",
     "prepare": "PREPARE p AS DELETE FROM spans",
@@ -61,12 +64,15 @@ HIDDEN = {
 
 @pytest.fixture(scope="module")
 def sandboxed(tmp_path_factory) -> ServerProcess:
-    """A server with small query limits (2 at once, 1 MB results) holding spans and one rollout key."""
+    """A server with small query limits (2 at once, 1 MB results): spans, rollout keys, a revocation."""
     workdir = tmp_path_factory.mktemp("sandbox")
     (workdir / "secret.txt").write_text("host secret\n")
     (workdir / "secret.json").write_text('{"secret": 1}\n')
     with Store(workdir / "otel_rl.duckdb") as store:
-        Auth(store, "admin").issue_rollout_key("rollout-1")
+        auth = Auth(store, "admin")
+        auth.issue_rollout_key("rollout-1")
+        auth.issue_rollout_key("rollout-2")
+        auth.revoke_rollout_keys("rollout-2", None, "revoked by the admin")  # a revocation to delete
         ingest_traces(store, spans_request(5)[0])
     flags = (
         "--query-timeout",
@@ -81,8 +87,9 @@ def sandboxed(tmp_path_factory) -> ServerProcess:
     server.stop()
 
 
-def store_counts(server: ServerProcess) -> tuple[int, int]:
-    return server.scalar("SELECT count(*) FROM spans"), server.scalar("SELECT count(*) FROM rollout_keys")
+def store_counts(server: ServerProcess) -> tuple[int, ...]:
+    tables = ("spans", "rollout_keys", "rollout_key_revocations")
+    return tuple(server.scalar(f"SELECT count(*) FROM {table}") for table in tables)
 
 
 def ask(server: ServerProcess, sql: str, **headers: str) -> httpx.Response:

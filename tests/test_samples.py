@@ -9,7 +9,7 @@ from samples_data import call, calls_frame, rewards_frame, rollouts_frame
 
 from otel_rl.transforms.limits import Limits
 from otel_rl.transforms.rewards import RewardSpec
-from otel_rl.transforms.samples import SampleOptions, build_samples
+from otel_rl.transforms.samples import SampleOptions, break_line, build_samples
 
 
 def build(calls, rollouts, rewards, **options):
@@ -69,13 +69,44 @@ def test_a_prefix_break_starts_a_new_segment_and_the_rollout_still_weighs_one():
         # the harness rewrote its history: 10 is gone, so this call cannot extend the first segment
         call("r1", "s2", [1, 2, 99, 20], [[30]], [[-0.3]], t=2),
     )
-    samples, _ = build(calls, rollouts_frame(("r1", "g", "ok")), rewards_frame(("r1", 1.0)))
+    samples, report = build(calls, rollouts_frame(("r1", "g", "ok")), rewards_frame(("r1", 1.0)))
     assert samples.select("prompt_ids", "response_ids", "response_mask").rows() == [
         ([1, 2], [10], [1]),
         ([1, 2, 99, 20], [30], [1]),
     ]
     assert samples["loss_weight"].to_list() == [0.5, 0.5]
     assert samples["segment_id"].to_list() == ["r1:0", "r1:1"]
+    # The report counts the call that did not merge and says where its prompt left the previous context.
+    assert report.unmerged_calls == 1
+    assert report.first_break == {"span_id": "s2", "position": 2, "expected": 10, "found": 99}
+
+
+def test_the_report_names_the_first_token_a_re_rendered_answer_changed(tiny_tokenizer):
+    answer = tiny_tokenizer.encode('<tool_call>\n{"name": "calc"}</tool_call>')
+    prompt = tiny_tokenizer.encode("What is 37 + 48?")
+    # The chat template renders the model's own answer back without its newline, as some templates do.
+    rendered = tiny_tokenizer.encode('<tool_call>{"name": "calc"}</tool_call>')
+    calls = calls_frame(
+        call("r1", "s1", prompt, [answer], [[-0.1] * len(answer)], t=1),
+        call("r1", "s2", prompt + rendered + prompt, [[5]], [[-0.2]], t=2),
+        call("r1", "s3", prompt + rendered + prompt + [5, 6], [[7]], [[-0.3]], t=3),
+    )
+    samples, report = build_samples(
+        calls,
+        rollouts_frame(("r1", "g", "ok")),
+        rewards_frame(("r1", 1.0)),
+        tokenizer=tiny_tokenizer,
+        options=SampleOptions(drift_sample=0),
+    )
+    assert samples.height == 2 and report.unmerged_calls == 1  # s3 extends s2; s2 could not extend s1
+    diverged = next(i for i, (a, b) in enumerate(zip(answer, rendered, strict=False)) if a != b)
+    assert report.first_break["span_id"] == "s2"
+    assert report.first_break["position"] == len(prompt) + diverged
+    assert "\n" in report.first_break["expected_text"]
+    line = break_line(report)
+    assert line.startswith("1 started a segment of their own")
+    assert f"call s2 at prompt token {len(prompt) + diverged}" in line
+    assert repr(report.first_break["expected_text"]) in line
 
 
 def test_interleaved_agents_make_one_segment_each():
@@ -334,7 +365,9 @@ def test_constrained_logprobs_are_kept_out_and_rescored_ones_kept_and_both_count
     )
     first, second = one(samples, rollout_id="r1"), one(samples, rollout_id="r2")
     assert not first["has_logprobs"] and first["constrained_calls"] == 1 and first["n_calls"] == 2
-    assert second["has_logprobs"] and second["rollout_logprobs"] == [-0.75] and second["constrained_calls"] == 1
+    assert (
+        second["has_logprobs"] and second["rollout_logprobs"] == [-0.75] and second["constrained_calls"] == 1
+    )
     assert report.logprobs_sources == {"constrained": 1, "rescored": 1, "sampling": 1}
 
 

@@ -10,7 +10,14 @@ from typing import Literal, Protocol
 from pydantic import BaseModel, ConfigDict, model_validator
 
 from otel_rl.controller.kubernetes.settings import KubernetesSettings
-from otel_rl.controller.local import Controller, ControllerSettings, KeyIssuer, Rollout, RolloutResult
+from otel_rl.controller.local import (
+    Controller,
+    ControllerSettings,
+    KeyIssuer,
+    KeyRevoker,
+    Rollout,
+    RolloutResult,
+)
 
 
 class ControllerSection(BaseModel):
@@ -70,10 +77,12 @@ def open_controller(
     openai_base_url: str,
     token: str,
     issue_key: KeyIssuer,
+    revoke_key: KeyRevoker,
     run_id: str = "",
 ) -> RolloutRunner:
     """A rollout runner for the configured backend; close it with `await runner.aclose()`.
 
+    `revoke_key` is called with an attempt's identity once it has ended: its key stops working.
     `run_id` labels the Kubernetes Jobs of one training run (the local backend has no use for it).
     """
     connection = {
@@ -81,6 +90,7 @@ def open_controller(
         "openai_base_url": openai_base_url,
         "token": token,
         "issue_key": issue_key,
+        "revoke_key": revoke_key,
     }
     if section.backend == "kubernetes":
         from otel_rl.controller.kubernetes.controller import KubernetesController

@@ -2,6 +2,7 @@
 
 import asyncio
 import contextlib
+import logging
 import os
 import shutil
 import signal
@@ -27,6 +28,8 @@ from otel_rl.controller.environment import (
     validate_user_env,
 )
 from otel_rl.controller.forkserver import Forked, ForkServer, python_target
+
+log = logging.getLogger(__name__)
 
 
 class RolloutStatus(StrEnum):
@@ -124,6 +127,7 @@ class ControllerSettings:
 
 
 KeyIssuer = Callable[[Mapping[str, str]], str]  # rollout identity attributes → rollout-scoped API key
+KeyRevoker = Callable[[Mapping[str, str]], None]  # the attempt's identity: its key stops working
 
 
 def classify(returncode: int, *, timed_out: bool, through_shell: bool) -> RolloutStatus:
@@ -149,11 +153,14 @@ class Controller:
         openai_base_url: str,
         token: str,
         issue_key: KeyIssuer,
+        revoke_key: KeyRevoker | None = None,
     ) -> None:
         self.settings = settings
         self._otlp_endpoint = otlp_endpoint.rstrip("/")
         self._openai_base_url = openai_base_url
         self._issue_key = issue_key
+        # None: an attempt's key lives out its lifetime on the server (its next attempt's key revokes it)
+        self._revoke_key = revoke_key
         self._provider = TracerProvider(resource=Resource.create({"service.name": "otel-rl-controller"}))
         exporter = OTLPSpanExporter(
             endpoint=f"{self._otlp_endpoint}/v1/traces", headers={"authorization": f"Bearer {token}"}
@@ -234,6 +241,8 @@ class Controller:
             span.record_exception(error)
             _append_error(log_path, error)
         _end_span(span, status, exit_code)
+        if self._revoke_key is not None:
+            await revoke_quietly(self._revoke_key, identity)
         return AttemptResult(
             attempt_id=attempt_id,
             status=status,
@@ -312,6 +321,14 @@ class Controller:
         except TimeoutError:
             _signal_group(process.pid, signal.SIGKILL)
             return await process.wait()
+
+
+async def revoke_quietly(revoke_key: KeyRevoker, identity: Mapping[str, str]) -> None:
+    """Revoke an ended attempt's key; a failure is logged, not the attempt's: the key still expires."""
+    try:
+        await asyncio.to_thread(revoke_key, identity)
+    except Exception as error:
+        log.warning("could not revoke the key of attempt %s: %s", identity.get(attr.ATTEMPT_ID), error)
 
 
 def _signal_group(pgid: int, signum: int) -> None:

@@ -1,8 +1,9 @@
 """Who a call is for: the rollout of its key, W3C baggage, X-OTel-RL-* headers; and its trace parent.
 
 The rollout key is the authority: a harness holding one cannot claim another rollout. The identity given
-when the key was issued (attempt, group, task, split) applies to every call made with it, so a harness that
-only sets OPENAI_API_KEY is fully attributed. Baggage and headers fill in what the key does not say.
+when the key was issued (attempt, group, task, split), stored with the key, applies to every call made with
+it, so a harness that only sets OPENAI_API_KEY is fully attributed. Baggage and headers fill in what the key
+does not say.
 """
 
 from collections.abc import Mapping
@@ -21,30 +22,20 @@ _BAGGAGE = W3CBaggagePropagator()
 SPLITS = ("train", "val")
 
 
-class RolloutIdentities:
-    """The identity registered with each rollout's key (kept in memory: after a restart, headers/baggage)."""
-
-    def __init__(self) -> None:
-        self._identities: dict[str, dict[str, str]] = {}
-
-    def register(self, rollout_id: str, identity: Mapping[str, str]) -> dict[str, str]:
-        """Remember `identity` (otel_rl.* keys) for `rollout_id`; returns the full identity."""
-        full = {
-            key: str(value) for key, value in identity.items() if key in IDENTITY_KEYS and value is not None
-        }
-        full[ROLLOUT_ID] = rollout_id
-        _check_split(full)
-        self._identities[rollout_id] = full
-        return full
-
-    def get(self, rollout_id: str) -> dict[str, str]:
-        return self._identities.get(rollout_id, {ROLLOUT_ID: rollout_id})
+def key_identity(rollout_id: str, given: Mapping[str, str | None]) -> dict[str, str]:
+    """The identity a rollout key is issued with: its rollout, and the otel_rl.* keys given (not None)."""
+    full = {key: str(value) for key, value in given.items() if key in IDENTITY_KEYS and value is not None}
+    full[ROLLOUT_ID] = rollout_id
+    _check_split(full)
+    return full
 
 
-def caller_identity(
-    principal: Principal, headers: Mapping[str, str], identities: RolloutIdentities
-) -> dict[str, str]:
-    """The rollout identity of a call; Forbidden when a rollout key claims another rollout."""
+def caller_identity(principal: Principal, headers: Mapping[str, str]) -> dict[str, str]:
+    """The rollout identity of a call; Forbidden when a rollout key claims another rollout.
+
+    A rollout key's call is attributed to the identity that key was issued with (its attempt's, stored with
+    it), never to a later key's: an attempt that was retried cannot put its calls into the new attempt.
+    """
     identity: dict[str, str] = {}
     if "baggage" in headers:
         entries = baggage.get_all(_BAGGAGE.extract(headers))
@@ -57,7 +48,8 @@ def caller_identity(
         claimed = identity.get(ROLLOUT_ID)
         if claimed is not None and claimed != principal.rollout_id:
             raise Forbidden(f"this key is for rollout {principal.rollout_id!r}, not {claimed!r}")
-        identity.update(identities.get(principal.rollout_id))
+        identity.update(principal.identity)
+        identity[ROLLOUT_ID] = principal.rollout_id
     check_identity(identity)  # headers and baggage are held to the rule of every route (input_rules.py)
     _check_split(identity)
     return identity

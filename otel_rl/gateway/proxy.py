@@ -16,7 +16,7 @@ from starlette.responses import Response, StreamingResponse
 from otel_rl.attributes import GATEWAY_SCOPE, ROLLOUT_ID, SPLIT
 from otel_rl.auth import Auth, Principal, Unauthorized
 from otel_rl.collector.ingest import ingest_traces
-from otel_rl.gateway.attribution import RolloutIdentities, caller_identity, trace_parent
+from otel_rl.gateway.attribution import caller_identity, trace_parent
 from otel_rl.gateway.client import UpstreamClient, UpstreamError, upstream_error
 from otel_rl.gateway.errors import CallError, json_object, vllm_error
 from otel_rl.gateway.export import gateway_tracer_provider, otlp_forwarder
@@ -46,7 +46,6 @@ class Gateway:
     def __init__(self, settings: GatewaySettings, *, auth: Auth, store: Store) -> None:
         self.settings = settings
         self.auth = auth
-        self.identities = RolloutIdentities()
         self.metrics = GatewayMetrics()
         self.pool = ServerPool(settings.servers)
         forward = otlp_forwarder(settings.forward_otlp) if settings.forward_otlp else None
@@ -125,7 +124,7 @@ class Gateway:
                 raise CallError(
                     400, "send one prompt per call (a string or a list of token ids)", "BadRequestError"
                 )
-        identity = caller_identity(principal, headers, self.identities)
+        identity = caller_identity(principal, headers)
         parent = trace_parent(headers)
         try:
             policy = await self.coordinator.admit()

@@ -1,5 +1,6 @@
 """HTTP routes of the gateway: OpenAI-compatible calls, rollout keys, policy reloads."""
 
+import asyncio
 from pathlib import Path
 
 from fastapi import APIRouter, Depends, Request
@@ -10,6 +11,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from otel_rl.attributes import ATTEMPT_ID, GROUP_ID, SPLIT, TASK_ID
 from otel_rl.auth import Forbidden, Unauthorized, admin_required
 from otel_rl.gateway import messages
+from otel_rl.gateway.attribution import key_identity
 from otel_rl.gateway.errors import CallError, error_body, json_object
 from otel_rl.gateway.external_routes import external_router
 from otel_rl.gateway.protocols import Protocol, ProtocolError, Route, protocols
@@ -138,7 +140,7 @@ def gateway_router(gateway: Gateway) -> APIRouter:
     async def issue_rollout_key(rollout_id: str, body: RolloutKeyRequest | None = None) -> Response:
         try:
             given = body or RolloutKeyRequest()
-            identity = gateway.identities.register(
+            identity = key_identity(
                 rollout_id,
                 {
                     ATTEMPT_ID: given.attempt_id,
@@ -154,6 +156,22 @@ def gateway_router(gateway: Gateway) -> APIRouter:
             content = error_body(503, str(error), "ServiceUnavailableError")
             return Response(content, 503, headers={"Retry-After": "1"}, media_type="application/json")
         return JSONResponse({"rollout_id": rollout_id, "key": key, "identity": identity})
+
+    @router.delete("/v1/admin/rollouts/{rollout_id}/key", dependencies=admin)
+    async def revoke_rollout_keys(
+        rollout_id: str, attempt_id: str | None = None, attempt_ended: bool = False
+    ) -> Response:
+        """Revoke the rollout's keys (of one attempt, with `attempt_id`): refused from now on. The controller
+        sends `attempt_ended=true` when the attempt ends; the reason is in the refusal's message."""
+        reason = f"attempt {attempt_id} ended" if attempt_ended and attempt_id else "revoked by the admin"
+        try:
+            revoked = await asyncio.to_thread(
+                gateway.auth.revoke_rollout_keys, rollout_id, attempt_id, reason
+            )
+        except (Saturated, StoreUnavailable) as error:  # the revocation could not be stored: retry later
+            content = error_body(503, str(error), "ServiceUnavailableError")
+            return Response(content, 503, headers={"Retry-After": "1"}, media_type="application/json")
+        return JSONResponse({"rollout_id": rollout_id, "attempt_id": attempt_id, "revoked": revoked})
 
     @router.get("/v1/admin/policy", dependencies=admin)
     async def current_policy() -> Response:

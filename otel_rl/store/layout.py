@@ -293,8 +293,21 @@ ROLLOUT_KEYS = Layout(
         Column("key_hash", pa.string(), "sha256 of the key: the key itself is never stored", not_null=True),
         Column("rollout_id", pa.string(), not_null=True),
         Column("created_at", RECEIVED_AT, not_null=True),
+        Column("attempt_id", pa.string(), "the one attempt the key acts for (NULL: keys of older stores)"),
+        Column("identity", JSON, "the otel_rl.* identity its calls and records are attributed to"),
+        Column("expires_at", RECEIVED_AT, "after this it is refused (NULL: keys of older stores)"),
     ),
     key=("key_hash",),
+)
+
+ROLLOUT_KEY_REVOCATIONS = Layout(
+    "rollout_key_revocations",
+    (
+        Column("key_hash", pa.string(), "the rollout key refused from now on", not_null=True),
+        Column("reason", pa.string(), "why: its attempt ended or was superseded, or the admin revoked it"),
+        Column("revoked_at", RECEIVED_AT, not_null=True),
+    ),
+    key=("key_hash",),  # the first revocation of a key is the one kept
 )
 
 ARCHIVE_FILES = Layout(
@@ -317,4 +330,5 @@ ARCHIVE_FILES = Layout(
 )
 
 RAW_TABLES = (SPANS, CALL_TOKENS, LOGS, METRIC_POINTS)
-LAYOUTS = {layout.table: layout for layout in (*RAW_TABLES, ROLLOUT_KEYS, ARCHIVE_FILES)}
+KEY_TABLES = (ROLLOUT_KEYS, ROLLOUT_KEY_REVOCATIONS)
+LAYOUTS = {layout.table: layout for layout in (*RAW_TABLES, *KEY_TABLES, ARCHIVE_FILES)}

@@ -21,7 +21,17 @@ LOCK_DOWN = (
     "SET lock_configuration = true",
 )
 # The tables the writer fills: a statement reading only these needs no normalized table caught up.
-RAW_TABLE_NAMES = frozenset({"spans", "call_tokens", "logs", "metric_points", "rollout_keys", "view_sources"})
+RAW_TABLE_NAMES = frozenset(
+    {
+        "spans",
+        "call_tokens",
+        "logs",
+        "metric_points",
+        "rollout_keys",
+        "rollout_key_revocations",
+        "view_sources",
+    }
+)
 BATCH_ROWS = 16_384  # rows per Arrow batch read from DuckDB: the result bound is checked after each
 WATCH_TICK_S = 0.05  # how often a running statement's deadline and stop are checked
 

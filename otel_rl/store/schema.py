@@ -12,7 +12,7 @@ import pyarrow as pa
 
 from otel_rl.store import normalize
 from otel_rl.store.definitions import SqlFile, defined_normalized, normalized_fingerprint, read_definitions
-from otel_rl.store.layout import ARCHIVE_FILES, RAW_TABLES, ROLLOUT_KEYS
+from otel_rl.store.layout import ARCHIVE_FILES, KEY_TABLES, RAW_TABLES
 
 log = logging.getLogger(__name__)
 
@@ -55,7 +55,7 @@ def create_tables(con: duckdb.DuckDBPyConnection) -> None:
         ).fetchall()
     }
     tables = {table for table, _ in existing}
-    for layout in (*RAW_TABLES, ROLLOUT_KEYS, ARCHIVE_FILES):
+    for layout in (*RAW_TABLES, *KEY_TABLES, ARCHIVE_FILES):
         if layout.table not in tables:
             con.execute(layout.ddl())  # with its comments, written once
             continue

@@ -3,6 +3,7 @@
 import logging
 import threading
 import time
+from collections.abc import Iterable
 from concurrent.futures import Future
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -16,6 +17,7 @@ import pyarrow.compute as pc
 from otel_rl.store import archive, archiver, normalize, retention, wal
 from otel_rl.store.connection import connect, cursor
 from otel_rl.store.definitions import normalized_fingerprint, read_definitions
+from otel_rl.store.keys import StoredKey, key_row, read_keys, revocation_rows
 from otel_rl.store.layout import LAYOUTS
 from otel_rl.store.normalizer import Normalizer, NotNormalized
 from otel_rl.store.retention import ArchivePolicy, ArchiveReport
@@ -162,20 +164,17 @@ class Store:
         future.result()
         return IngestResult(accepted=batch[main_table].num_rows)
 
-    def add_rollout_key(self, key_hash: str, rollout_id: str) -> None:
-        """Store a rollout key's hash durably (through the writer, so it shares the group commit)."""
-        row = pa.table(
-            {
-                "key_hash": [key_hash],
-                "rollout_id": [rollout_id],
-                "created_at": pa.array([_now()], pa.timestamp("us", tz="UTC")),
-            }
-        )
-        self.submit({"rollout_keys": row}).result()
+    def add_rollout_key(self, key: StoredKey) -> None:
+        """Store a rollout key's hash, attempt and expiry durably (through the writer: the group commit)."""
+        self.submit({"rollout_keys": key_row(key, _now())}).result()
 
-    def rollout_keys(self) -> dict[str, str]:
-        """Every stored rollout key hash -> its rollout id."""
-        return dict(cursor(self._con).execute("SELECT key_hash, rollout_id FROM rollout_keys").fetchall())
+    def revoke_rollout_keys(self, key_hashes: Iterable[str], reason: str) -> None:
+        """Refuse these rollout keys from now on, for good (a key revoked already keeps its first reason)."""
+        self.submit({"rollout_key_revocations": revocation_rows(key_hashes, reason, _now())}).result()
+
+    def rollout_keys(self, lifetime_s: float) -> dict[str, StoredKey]:
+        """Every stored rollout key by hash, revoked ones with their reason (`lifetime_s`: see read_keys)."""
+        return read_keys(cursor(self._con), lifetime_s)
 
     # ---------------------------------------------------------------- reads
 

@@ -44,5 +44,6 @@ def open_runner(
         openai_base_url=f"{client.url}/v1",
         token=client.token,
         issue_key=client.issue_rollout_key,
+        revoke_key=client.revoke_rollout_key,
         run_id=run_id,
     )

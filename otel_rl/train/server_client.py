@@ -56,6 +56,15 @@ class ServerClient:
         _raise_for_status(response, "issue a rollout key")
         return response.json()["key"]
 
+    def revoke_rollout_key(self, identity: Mapping[str, str]) -> None:
+        """Revoke the key of the attempt `identity` names, which has ended: it is refused from now on."""
+        response = self._request(
+            "DELETE",
+            f"/v1/admin/rollouts/{identity[attr.ROLLOUT_ID]}/key",
+            params={"attempt_id": identity[attr.ATTEMPT_ID], "attempt_ended": "true"},
+        )
+        _raise_for_status(response, "revoke a rollout key")
+
     def policy(self) -> dict[str, Any]:
         """The gateway's current policy: `version`, `checkpoint`, servers, the last reload."""
         response = self._request("GET", "/v1/admin/policy")

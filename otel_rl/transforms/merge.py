@@ -33,11 +33,25 @@ def list_series(name: str, values: np.ndarray, offsets: np.ndarray) -> pl.Series
 
 
 @dataclass(frozen=True)
+class Break:
+    """Where a call's prompt first differs from its predecessor's context (that call's prompt + answer):
+    `position` in the prompt, the context's token there and the prompt's (None past either one's end)."""
+
+    call: int  # the row of `calls`; merge_segments turns it into a span id
+    position: int
+    expected: int | None
+    found: int | None
+
+
+@dataclass(frozen=True)
 class MergeCounts:
-    """Calls and choices the merge left out, by reason."""
+    """Calls and choices the merge left out, by reason; calls that started a segment of their own although
+    the rollout had one open (their prompt extends no earlier call's context), and the first of them."""
 
     duplicate_calls: int
     aborted_choices: int
+    unmerged_calls: int = 0
+    first_break: Break | None = None
 
 
 def _starts_with(
@@ -88,9 +102,11 @@ def _assign_segments(
         )
 
     segments: list[list[int]] = []
-    duplicates = aborted_count = 0
+    duplicates = aborted_count = unmerged = 0
+    first_break: Break | None = None
     for r0, r1 in zip(rollout_starts[:-1], rollout_starts[1:], strict=True):
         open_segments: list[int] = []
+        previous = -1  # the last choice kept in this rollout: the predecessor a break is measured against
         merged: dict[tuple[int, ...], list[list[int]]] = {}  # sizes of prompt and answers -> choices of calls
         for call in range(r0, r1):
             choices = [c for c in range(choice_offsets[call], choice_offsets[call + 1]) if not aborted[c]]
@@ -124,13 +140,54 @@ def _assign_segments(
                     )
                 ):
                     best, best_length = s, length
+            if best < 0 and previous >= 0:
+                unmerged += 1
+                if first_break is None:
+                    first_break = _break(
+                        call,
+                        call_of[previous],
+                        previous,
+                        prompts,
+                        completions,
+                        (prompt_offsets, completion_offsets),
+                    )
             for k, choice in enumerate(choices):
                 if k == 0 and best >= 0:
                     segments[best].append(choice)
                 else:  # extends nothing, or a sibling choice of an n > 1 call
                     open_segments.append(len(segments))
                     segments.append([choice])
-    return segments, MergeCounts(duplicate_calls=duplicates, aborted_choices=aborted_count)
+            previous = choices[0]
+    counts = MergeCounts(duplicates, aborted_count, unmerged_calls=unmerged, first_break=first_break)
+    return segments, counts
+
+
+def _break(
+    call: int,
+    before: int,
+    choice: int,
+    prompts: pa.Buffer,
+    completions: pa.Buffer,
+    offsets: tuple[list[int], list[int]],
+) -> Break:
+    """Where `call`'s prompt leaves the context of the call `before` it (its prompt + answer `choice`)."""
+    prompt_offsets, completion_offsets = offsets
+
+    def tokens(buffer: pa.Buffer, offsets: list[int], row: int) -> np.ndarray:
+        return np.frombuffer(buffer, dtype=np.int32)[offsets[row] // 4 : offsets[row + 1] // 4]
+
+    context = np.concatenate(
+        [tokens(prompts, prompt_offsets, before), tokens(completions, completion_offsets, choice)]
+    )
+    prompt = tokens(prompts, prompt_offsets, call)
+    n = min(len(context), len(prompt))
+    differ = np.flatnonzero(context[:n] != prompt[:n])
+    position = int(differ[0]) if len(differ) else n
+
+    def at(values: np.ndarray) -> int | None:
+        return int(values[position]) if position < len(values) else None
+
+    return Break(call, position, at(context), at(prompt))
 
 
 def ranges(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
@@ -154,8 +211,9 @@ def merge_segments(calls: pl.DataFrame) -> tuple[pl.DataFrame, MergeCounts]:
     """Merge calls (grouped by `rollout_id`, each rollout's calls in time order) into segments.
 
     Needs `rollout_id`, `span_id`, `prompt_ids`, `completion_ids`, `completion_logprobs`, `logprobs_source`,
-    `finish_reasons`, `policy_version`, `token_source`. A call extends the open segment whose whole context (its last call's
-    prompt + answer) is an exact token prefix of the call's prompt; the tokens in between join with mask 0.
+    `finish_reasons`, `policy_version`, `token_source`. A call extends the open segment whose whole context
+    (its last call's prompt + answer) is an exact token prefix of the call's prompt; the tokens in between
+    join with mask 0.
     A call that extends none starts a segment; an identical repeat of a call is kept once; aborted choices
     are left out; the first kept choice of an n > 1 call extends, each other choice starts a sibling one.
     """

@@ -10,7 +10,7 @@ import polars as pl
 
 from otel_rl.transforms.advantages import Estimator, drop_stale, loss_weights, rollout_advantages
 from otel_rl.transforms.limits import Limits, apply_limits
-from otel_rl.transforms.merge import merge_segments
+from otel_rl.transforms.merge import Break, merge_segments
 from otel_rl.transforms.rewards import (
     INFRA_FAILURE_STATUSES,
     RewardSpec,
@@ -97,6 +97,11 @@ class Report:
     dropped_rollouts: dict[str, int] = field(default_factory=dict)
     dropped_calls: dict[str, int] = field(default_factory=dict)
     dropped_segments: dict[str, int] = field(default_factory=dict)
+    # Calls that started a segment of their own although their rollout had one open: their prompt is not their
+    # predecessor's prompt + answer (a chat template re-rendering an answer, a harness editing its history).
+    # first_break: the first such call, where its prompt differs (span_id, position, expected, found ids).
+    unmerged_calls: int = 0
+    first_break: dict[str, Any] | None = None
     # Rollouts whose outcome rewards all came from untrusted sources (dropped as `untrusted_reward`, or
     # given the fill value), by source (NO_SOURCE: sent without one)
     untrusted_rewards: dict[str, int] = field(default_factory=dict)
@@ -207,7 +212,11 @@ def build_samples(
     if tokenizer is not None and options.drift_sample > 0:
         report.drift = measure_drift(calls, tokenizer, options.drift_sample)
 
-    segments, merge_counts = merge_segments(calls.filter(pl.col("token_source").is_not_null()))
+    mergeable = calls.filter(pl.col("token_source").is_not_null())
+    segments, merge_counts = merge_segments(mergeable)
+    report.unmerged_calls = merge_counts.unmerged_calls
+    if merge_counts.first_break is not None:
+        report.first_break = break_record(merge_counts.first_break, mergeable, tokenizer)
     dropped_calls["duplicate_call"] = merge_counts.duplicate_calls
     dropped_calls["aborted_choice"] = merge_counts.aborted_choices
     report.dropped_calls = {k: v for k, v in dropped_calls.items() if v}
@@ -269,6 +278,44 @@ def load_inputs(
     return calls, rollouts.drop("n_calls"), rewards
 
 
+def break_record(where: Break, calls: pl.DataFrame, tokenizer: Any | None) -> dict[str, Any]:
+    """The first call that did not merge, for the report: its span, the position and the two token ids, and
+    their text when a tokenizer is at hand."""
+    record: dict[str, Any] = {
+        "span_id": calls["span_id"][where.call],
+        "position": where.position,
+        "expected": where.expected,
+        "found": where.found,
+    }
+    if tokenizer is not None:
+        for key in ("expected", "found"):
+            if record[key] is not None:
+                record[f"{key}_text"] = tokenizer.decode([record[key]])
+    return record
+
+
+def break_line(report: Report) -> str:
+    """The report's line on calls that did not merge into their predecessor."""
+    line = (
+        f"{report.unmerged_calls} started a segment of their own: their prompt does not continue the previous"
+        " call's prompt + answer"
+    )
+    if report.first_break is None:
+        return line
+    found = report.first_break
+
+    def token(key: str) -> str:
+        if found[key] is None:
+            return "its end"
+        text = found.get(f"{key}_text")
+        return f"token {found[key]}" + (f" {text!r}" if text is not None else "")
+
+    return (
+        f"{line}; first: call {found['span_id']} at prompt token {found['position']}, "
+        f"{token('found')} where the previous call's prompt + answer has {token('expected')}"
+    )
+
+
 def report_table(report: Report) -> Any:
     """The report as a rich renderable, for `otel-rl export`."""
     from rich.markup import escape
@@ -291,6 +338,8 @@ def report_table(report: Report) -> Any:
     ):
         if counts:
             table.add_row(f"dropped {unit}", ", ".join(f"{reason}: {n}" for reason, n in counts.items()))
+    if report.unmerged_calls:
+        table.add_row("unmerged calls", escape(break_line(report)))
     if report.untrusted_rewards:
         # the sources are the senders' text: shown as it is, not read as rich markup
         table.add_row("untrusted rewards", escape(untrusted_hint(report.untrusted_rewards)))

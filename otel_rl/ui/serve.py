@@ -9,18 +9,22 @@ from rich.console import Console
 
 def serve_until_interrupted(db: Path, *, tokenizer: Path | None, console: Console) -> None:
     """An `otel-rl serve` app over `db` on a free loopback port (no gRPC, no vLLM behind the gateway), with a
-    new admin token; prints the view's link and returns once Ctrl-C (or SIGTERM) stops it."""
+    new admin token; writes the view's link beside the store (link.py), prints where, and returns once
+    Ctrl-C (or SIGTERM) stops it."""
     import uvicorn
 
     from otel_rl.gateway.vllm import free_ports
     from otel_rl.server import ServeSettings, _uvicorn_server, create_app
+    from otel_rl.ui.link import web_view_line
 
     (port,) = free_ports(1)
     settings = ServeSettings(
         db=db, http_port=port, grpc_port=None, token=secrets.token_urlsafe(24), tokenizer=tokenizer
     )
     app = create_app(settings)
-    console.print(f"web view of this run (Ctrl-C to stop): {app.state.ui_url}", soft_wrap=True)
+    console.print(
+        web_view_line(app.state.ui_address, app.state.ui_url, db) + "; Ctrl-C stops it", soft_wrap=True
+    )
     config = uvicorn.Config(app, host=settings.host, port=port, log_level="warning", access_log=False)
     with contextlib.suppress(KeyboardInterrupt):  # uvicorn stops cleanly, then raises the Ctrl-C it caught
         _uvicorn_server(config, on_exit=app.state.queries.stop_all).run()

@@ -40,10 +40,12 @@ from otel_rl.controller.local import (
     AttemptResult,
     ControllerSettings,
     KeyIssuer,
+    KeyRevoker,
     Rollout,
     RolloutResult,
     RolloutStatus,
     new_id,
+    revoke_quietly,
 )
 
 CHECK_S = 5.0  # how often a waiting attempt re-reads its state without an event (pending timeouts)
@@ -113,6 +115,7 @@ class KubernetesController:
         openai_base_url: str,
         token: str,
         issue_key: KeyIssuer,
+        revoke_key: KeyRevoker | None = None,
         run_id: str = "",
         api: KubernetesApi | None = None,
     ) -> None:
@@ -127,6 +130,7 @@ class KubernetesController:
         self._server_url = kubernetes.server_url or otlp_endpoint.rstrip("/")
         del openai_base_url  # pods reach the gateway at server_url/v1, as they reach the collector
         self._issue_key = issue_key
+        self._revoke_key = revoke_key  # as the local controller's
         self._ids = FixedIds()
         self._provider = TracerProvider(
             resource=Resource.create({"service.name": "otel-rl-controller"}), id_generator=self._ids
@@ -278,6 +282,8 @@ class KubernetesController:
         if end.reason != "Job deleted":
             await api.patch_job(name, patch)
         await api.delete_secret(name)
+        if self._revoke_key is not None:
+            await revoke_quietly(self._revoke_key, attempt.identity)
         return self._result(attempt, record)
 
     async def _abandon(self, name: str) -> None:

@@ -1,4 +1,4 @@
-// The admin token (from the link the server prints, /ui#token=..., or the login form) and the data requests.
+// The admin token (from the link the server writes beside its store, /ui#token=..., or the login form) and the data requests.
 
 const TOKEN_KEY = "otel-rl-token";
 

@@ -22,7 +22,7 @@ function login(main, message) {
     "form",
     { class: "login", onsubmit: (event) => { event.preventDefault(); setToken(input.value.trim()); route(); } },
     el("h1", {}, "admin token"),
-    el("p", { class: "muted" }, "Open the link `otel-rl serve` or `otel-rl demo` printed (…/ui#token=…), or paste the token (.otel_rl/token)."),
+    el("p", { class: "muted" }, "Open the link `otel-rl serve` wrote beside its store (<store>.ui-link, …/ui#token=…), or paste the admin token (.otel_rl/token)."),
     message ? el("p", { class: "error" }, message) : null,
     input,
     el("button", { type: "submit" }, "open"),
