@@ -14,6 +14,7 @@ from otel_rl.connections import ConnectionLimits
 
 if TYPE_CHECKING:
     from otel_rl.archive_api import ScheduleSettings
+    from otel_rl.gateway.limits import RequestLimits
 
 DEFAULT_DB = Path(".otel_rl") / "otel_rl.duckdb"
 
@@ -46,6 +47,7 @@ class ServeSettings:
     vllm: tuple[str, ...] = ()
     forward_otlp: str | None = None  # also send the gateway's spans to this OTLP/HTTP traces endpoint
     split_sampling: dict | None = None  # {"train": {...}, "val": {...}}; None: the gateway's defaults
+    request_limits: "RequestLimits | None" = None  # what one model call may ask for; None: the defaults
     upstream_timeout_s: float = 600.0  # one model call through the gateway
     drain_timeout_s: float = 30.0  # how long a reload lets calls in flight finish before aborting them
     tokenizer: Path | None = None  # the model folder whose tokenizer decodes tokens in /ui; default: model
@@ -223,6 +225,8 @@ def _gateway(settings: ServeSettings, store, auth):  # noqa: ANN001, ANN202 - la
     local = VLLMServer(settings.model, lora_rank=settings.lora_rank) if settings.model is not None else None
     servers = ((local.url,) if local else ()) + tuple(settings.vllm)
     options = {"split_sampling": settings.split_sampling} if settings.split_sampling is not None else {}
+    if settings.request_limits is not None:
+        options["request_limits"] = settings.request_limits
     gateway_settings = GatewaySettings(
         servers=servers,
         forward_otlp=settings.forward_otlp,
@@ -286,6 +290,13 @@ def serve(
         str | None,
         typer.Option(
             help='Sampling forced per split, JSON: \'{"train": {"temperature": 1.0}, "val": {...}}\''
+        ),
+    ] = None,
+    request_limits: Annotated[
+        str | None,
+        typer.Option(
+            help='Bounds on what one model call may ask for, JSON: \'{"max_n": 4, "allowed_media_urls": '
+            '["https://images.example.com"]}\' (the others keep their defaults; docs/security.md)'
         ),
     ] = None,
     upstream_timeout: Annotated[
@@ -388,6 +399,7 @@ def serve(
         vllm=tuple(vllm or ()),
         forward_otlp=forward_otlp,
         split_sampling=_json_option("--split-sampling", split_sampling),
+        request_limits=_request_limits(request_limits),
         upstream_timeout_s=upstream_timeout,
         drain_timeout_s=drain_timeout,
         tokenizer=tokenizer,
@@ -460,6 +472,21 @@ def _uvicorn_server(config, *, on_exit):  # noqa: ANN001, ANN202 - uvicorn is im
             super().handle_exit(sig, frame)
 
     return Server(config)
+
+
+def _request_limits(value: str | None) -> "RequestLimits | None":
+    from pydantic import ValidationError
+
+    from otel_rl.gateway.limits import RequestLimits
+
+    given = _json_option("--request-limits", value)
+    if given is None:
+        return None
+    try:
+        return RequestLimits.model_validate(given)
+    except ValidationError as error:
+        problems = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in error.errors())
+        raise typer.BadParameter(problems, param_hint="--request-limits") from None
 
 
 def _json_option(flag: str, value: str | None) -> dict | None:

@@ -109,6 +109,12 @@ def _pytest_section(text: str) -> object:
         return "unparseable"  # differs from any parsed section: an unreadable pyproject is dropped
 
 
+def _base_text(tree: Path, path: str) -> str:
+    if not git(tree, "ls-tree", "--name-only", "HEAD", "--", path).strip():
+        return ""
+    return git(tree, "show", f"HEAD:{path}").decode(errors="replace")
+
+
 def _restore(tree: Path, path: str) -> None:
     """Put one path back as it is at the base commit (or remove it where the base has none)."""
     target = tree / path
@@ -125,17 +131,20 @@ def apply_agent_patch(tree: Path, patch: str) -> list[str]:
     pyproject.toml change to [tool.pytest]); return the dropped paths."""
     dropped: list[str] = []
     kept = ""
+    kept_paths: list[str] = []
     for paths, section in split_patch(patch, tree):
         if any(is_test_path(path) for path in paths):
             dropped += paths
         else:
             kept += section
+            kept_paths += paths
     if kept:
         git(tree, "apply", "--whitespace=nowarn", stdin=kept.encode(errors="surrogateescape"))
-    for path in git(tree, "diff", "--name-only", "-z", "HEAD").decode(errors="surrogateescape").split("\0"):
+    for path in dict.fromkeys(kept_paths):
         if PurePosixPath(path).name == "pyproject.toml":
-            base = git(tree, "show", f"HEAD:{path}").decode(errors="replace")
-            if _pytest_section(base) != _pytest_section((tree / path).read_text(errors="replace")):
+            base = _base_text(tree, path)
+            after = (tree / path).read_text(errors="replace") if (tree / path).is_file() else ""
+            if _pytest_section(base) != _pytest_section(after):
                 _restore(tree, path)
                 dropped.append(f"{path} [tool.pytest]")
     return list(dict.fromkeys(dropped))

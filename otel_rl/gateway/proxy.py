@@ -23,9 +23,10 @@ from otel_rl.gateway.export import gateway_tracer_provider, otlp_forwarder
 from otel_rl.gateway.metrics import GatewayMetrics
 from otel_rl.gateway.outputs import StreamAssembler, parse_chat_response, parse_completion_response
 from otel_rl.gateway.protocols import Protocol, ProtocolError, ProtocolStream, Route
-from otel_rl.gateway.recording import CallRecord
+from otel_rl.gateway.recording import OPERATION_APIS, CallRecord
 from otel_rl.gateway.relay import StreamFailed, relay_events, sse_error
 from otel_rl.gateway.reload import GatewayPaused, ReloadCoordinator, ReloadResult
+from otel_rl.gateway.request_fields import check_request
 from otel_rl.gateway.rescoring import constraints, policy_logprobs
 from otel_rl.gateway.servers import InferenceServer, NoServerAvailable, ServerPool, retry_delay_s
 from otel_rl.gateway.settings import GatewaySettings
@@ -113,12 +114,15 @@ class Gateway:
         """Relay one chat or completions call and record it; a `protocol`'s call is translated into a chat
         call (what the model sees, and what is recorded) and its answer back into the protocol's shape."""
         request = body = json_object(raw)
-        if protocol is not None:
-            try:
+        api = protocol.API if protocol is not None else OPERATION_APIS[operation]
+        try:  # bounds first: nothing is translated, allocated or sent for a request over a limit
+            check_request(api, request, self.settings.request_limits)
+            if protocol is not None:
                 body = protocol.chat_request(request)
-            except ProtocolError as error:
-                raise CallError(400, str(error), "BadRequestError") from None
-        elif operation == "text_completion" and not isinstance(body.get("prompt"), str | None):
+                check_request("chat_completions", body, self.settings.request_limits)  # what vLLM gets
+        except ProtocolError as error:
+            raise CallError(400, str(error), "BadRequestError") from None
+        if operation == "text_completion" and not isinstance(body.get("prompt"), str | None):
             prompt = body["prompt"]
             if not (isinstance(prompt, list) and all(isinstance(t, int) for t in prompt)):
                 raise CallError(

@@ -17,6 +17,7 @@ from otel_rl.gateway.external_routes import external_router
 from otel_rl.gateway.protocols import Protocol, ProtocolError, Route, protocols
 from otel_rl.gateway.proxy import Gateway
 from otel_rl.gateway.reload import ReloadRejected
+from otel_rl.gateway.request_fields import check_request
 from otel_rl.http_body import BodyTooLarge, ClientGone, read_body
 from otel_rl.store import Saturated, StoreUnavailable
 
@@ -109,7 +110,9 @@ class ModelCallRoutes:
         request = Request(scope, receive)
         try:
             self.gateway.principal(request.headers, route)
-            tokenize = messages.count_tokens_request(json_object(await self._body(request)))
+            body = json_object(await self._body(request))
+            check_request(messages.API, body, self.gateway.settings.request_limits)
+            tokenize = messages.count_tokens_request(body)
             response: Response = JSONResponse({"input_tokens": await self.gateway.count_tokens(tokenize)})
         except CallError as error:
             response = error.response(protocol)

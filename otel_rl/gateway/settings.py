@@ -4,6 +4,8 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import SplitResult, urlsplit
 
+from otel_rl.gateway.limits import RequestLimits
+
 # What the trainer assumes for train rollouts: samples from the policy's full distribution, so that the
 # recorded logprobs are the policy's (top_k -1 = off, as vLLM spells it).
 DEFAULT_SPLIT_SAMPLING: dict[str, dict[str, Any]] = {"train": {"temperature": 1.0, "top_p": 1.0, "top_k": -1}}
@@ -65,6 +67,9 @@ class GatewaySettings:
     # One call's request body: a coding agent's turn carries its whole conversation (a Codex turn is ~50 KB
     # and grows), far below this; the bound is what the gateway holds in memory per call before parsing.
     max_request_bytes: int = 32 * 1024 * 1024
+    # What one call may ask for (choices, tokens, messages, media...), checked before it is translated or
+    # forwarded (docs/security.md#what-one-model-call-may-ask-for).
+    request_limits: RequestLimits = field(default_factory=RequestLimits)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "servers", tuple(server_root(url) for url in self.servers))
