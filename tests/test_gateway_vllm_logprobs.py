@@ -1,5 +1,5 @@
-"""Behaviour logprobs that are the policy's on real vLLM: guided and unguided calls through the gateway record the
-logprobs transformers gives the sampled tokens on the same weights, and say which kind they recorded."""
+"""Behaviour logprobs that are the policy's on real vLLM: guided and unguided calls through the gateway record
+the logprobs transformers gives the sampled tokens on the same weights, and say which kind they recorded."""
 
 import uuid
 from collections.abc import Iterator
@@ -15,13 +15,14 @@ from otel_rl.tinymodel import CALC_TOOL
 
 MESSAGES = [{"role": "user", "content": "What is 37 + 48?"}]
 TOLERANCE = 1e-3  # float32 on both sides agree to ~1e-6; a grammar's mask moves them by nats
-# (request fields, logprobs source, constraints): temperature 1 and 0 are rescored, other temperatures cannot be
+NAMED_CALC = {"type": "function", "function": {"name": "calc"}}
+# (request fields, logprobs source, constraints): at temperature 1 and 0 constrained calls are rescored
 CALLS = {
     "unguided": ({}, "sampling", None),
     "tool_choice_required": ({"tools": [CALC_TOOL], "tool_choice": "required"}, "rescored", ["tool_choice"]),
     "json_response_format": ({"response_format": {"type": "json_object"}}, "rescored", ["response_format"]),
     "streamed_named_tool": (
-        {"tools": [CALC_TOOL], "tool_choice": {"type": "function", "function": {"name": "calc"}}, "stream": True},
+        {"tools": [CALC_TOOL], "tool_choice": NAMED_CALC, "stream": True},
         "rescored",
         ["tool_choice"],
     ),
@@ -74,12 +75,12 @@ def test_guided_and_unguided_calls_record_the_policys_logprobs(gateway, hf_model
         assert attributes["otel_rl.decoding.constrained"] is (constraints is not None), name
         assert attributes.get("otel_rl.decoding.constraints") == constraints, name
         assert len(span["choice_token_ids"][0]) > 3, name
-        assert policy_delta(hf_model, span) < TOLERANCE, name
+        delta = policy_delta(hf_model, span)
+        assert delta < TOLERANCE, (name, delta)
 
     where = ", ".join(f"'{rollout}'" for rollout in rollouts.values())
-    rows = gateway.query(
-        f"SELECT rollout_id, logprobs_source, decoding_constrained FROM llm_calls WHERE rollout_id IN ({where})"
-    ).to_pylist()
+    columns = "rollout_id, logprobs_source, decoding_constrained"
+    rows = gateway.query(f"SELECT {columns} FROM llm_calls WHERE rollout_id IN ({where})").to_pylist()
     by_rollout = {row["rollout_id"]: row for row in rows}
     for name, (_, source, constraints) in CALLS.items():
         row = by_rollout[rollouts[name]]

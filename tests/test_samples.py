@@ -352,8 +352,8 @@ def test_unknown_logprobs_are_zero_and_flagged():
 
 
 def test_constrained_logprobs_are_kept_out_and_rescored_ones_kept_and_both_counted():
-    """A constrained call's logprobs are not the policy's (the gateway's scoring pass failed): unknown; rescored
-    ones are the policy's. Both calls count in `constrained_calls` and the report's logprobs sources."""
+    """A constrained call's logprobs are not the policy's (the gateway's scoring pass failed): unknown;
+    rescored ones are the policy's. Both calls count in `constrained_calls` and the report's sources."""
     samples, report = build(
         calls_frame(
             call("r1", "s1", [1, 2], [[10, 11]], [[-0.5, -0.25]], t=1),

@@ -335,3 +335,32 @@ def test_sft_command_fine_tunes_on_a_chat_jsonl_file(tiny_model_dir, tmp_path):
     metrics = [json.loads(line) for line in (tmp_path / "out" / "metrics.jsonl").read_text().splitlines()]
     assert [m["step"] for m in metrics] == [1, 2, 3] and all(m["loss"] > 0 for m in metrics)
     assert (tmp_path / "out" / "step-3" / "model.safetensors").is_file()
+
+
+def test_a_step_whose_mismatch_is_above_the_setting_warns_naming_the_worst_calls(
+    tiny_model_dir, tiny_tokenizer, samples, caplog
+):
+    """Recorded logprobs that are not the policy's (a constrained call's, say) raise the mismatch: the step
+    names the calls, rollout and span, with the largest; an on-policy step stays quiet."""
+    trainer = Trainer(config_from_dict(settings(tiny_model_dir, steps=2)))
+    spans = [["call-0a", "call-0b"]] + [[f"call-{i}"] for i in range(1, samples.height)]
+    named = samples.with_columns(span_ids=pl.Series(spans))
+    pad = tiny_tokenizer.pad_token_id
+    with caplog.at_level("WARNING", logger="otel_rl.train.correction"):
+        own = current_logprobs(trainer, to_dataproto(with_logprobs(named, None), pad))
+        trainer.step(to_dataproto(with_logprobs(named, own), pad))
+        assert not caplog.records
+
+        own = current_logprobs(trainer, to_dataproto(with_logprobs(named, None), pad))
+        served = own.clone()
+        mask = to_dataproto(with_logprobs(named, None), pad).batch["response_mask"].bool()
+        answer_of_0 = mask[0].nonzero().flatten()[-3:]  # row 0's last run: its second call's answer
+        served[0, answer_of_0] -= 6.4
+        served[3][mask[3]] -= 2.0
+        metrics = trainer.step(to_dataproto(with_logprobs(named, served), pad))
+    assert metrics["mismatch"] > 0.1
+    [record] = caplog.records
+    message = record.getMessage()
+    assert "above algorithm.mismatch_warning 0.1" in message
+    first, second = message.index("rollout r0 span call-0b"), message.index("rollout r3 span call-3")
+    assert first < second and "call-0a" not in message

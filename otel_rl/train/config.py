@@ -55,6 +55,9 @@ class AlgorithmSettings(_Section):
     ] = "token-mean"
     rollout_is: Literal["token", "sequence"] | None = "token"  # IS against the recorded vLLM logprobs
     rollout_is_threshold: float = Field(2.0, gt=0)  # truncation of the IS weight (TIS)
+    # a step whose mismatch (mean |trainer - recorded logprob|, nats per token) is above this logs a warning
+    # naming the calls with the largest: float32 serving on-policy gives ~1e-6, bf16 ~5e-3
+    mismatch_warning: float = Field(0.1, gt=0)
     kl_coef: float = Field(0.0, ge=0)  # KL to the initial policy; 0 loads no reference model
     kl_penalty: str = "low_var_kl"  # estimator name for verl's kl_penalty
     ppo_epochs: int = Field(1, ge=1)

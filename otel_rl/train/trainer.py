@@ -17,7 +17,7 @@ from verl.utils.model import compute_position_id_with_mask
 from verl.workers.config.actor import ActorConfig
 
 from otel_rl.train.config import TrainConfig
-from otel_rl.train.correction import served_policy_correction
+from otel_rl.train.correction import served_policy_correction, warn_on_mismatch
 
 # What every RL batch must carry (verl's names, as otel_rl.transforms.to_dataproto builds them).
 # Optional: position_ids, rollout_log_probs (the logprobs vLLM recorded), loss_weights (one per sample).
@@ -117,6 +117,11 @@ class Trainer:
                     # losses are already normalized by the whole batch; token means are weighted by tokens
                     totals[name] += value / algo.ppo_epochs if name.endswith("loss") else value * share
             grad_norm = self._optimizer_step()
+        if "rollout_log_probs" in tensors:
+            served = tensors["rollout_log_probs"]
+            warn_on_mismatch(
+                torch.cat(old_logprobs), served, response_mask, batch.non_tensor_batch, algo.mismatch_warning
+            )
 
         return {
             **totals,

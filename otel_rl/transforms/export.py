@@ -42,7 +42,8 @@ def to_dataproto(samples: pl.DataFrame, pad_token_id: int) -> Any:
     `advantages` and `returns` (the rollout's advantage on every sampled token), `loss_weights` (per row), and
     `rollout_log_probs` (what the server reported) only when every row has them: without it a trainer must
     recompute old log-probs and skip importance correction. non_tensor_batch: `uid` (the group id, or the
-    rollout id for a rollout without group), `rollout_id`, `segment_id`.
+    rollout id for a rollout without group), `rollout_id`, `segment_id`, `span_ids` (the segment's calls,
+    comma-separated).
     """
     import torch
     from verl import DataProto
@@ -92,12 +93,14 @@ def to_dataproto(samples: pl.DataFrame, pad_token_id: int) -> Any:
             pad(samples["rollout_logprobs"], response_width, 0.0, left=False, dtype=np.float32)
         )
     uid = samples.select(pl.coalesce("group_id", "rollout_id")).to_series()
+    names = {"rollout_id": samples["rollout_id"], "segment_id": samples["segment_id"]}
+    if "span_ids" in samples.columns:  # samples made by hand may lack it
+        names["span_ids"] = samples["span_ids"].list.join(",")
     return DataProto.from_dict(
         tensors=tensors,
         non_tensors={
             "uid": uid.to_numpy().astype(object),
-            "rollout_id": samples["rollout_id"].to_numpy().astype(object),
-            "segment_id": samples["segment_id"].to_numpy().astype(object),
+            **{name: column.to_numpy().astype(object) for name, column in names.items()},
         },
         meta_info={"pad_token_id": pad_token_id},
     )

@@ -11,7 +11,7 @@ import polars as pl
 
 EXACT = "exact"
 RETOKENIZED = "retokenized"
-# llm_calls.logprobs_source of logprobs sampled under constraints, which are not the policy's (docs/gateway.md)
+# llm_calls.logprobs_source of logprobs sampled under constraints: not the policy's (docs/gateway.md)
 CONSTRAINED_LOGPROBS = "constrained"
 
 
@@ -145,6 +145,7 @@ def call_tokens(calls: pl.DataFrame, tokenizer: Any | None) -> pl.DataFrame:
         }
     )
     exact_or = pl.when("_exact").then
+    policys_logprobs = pl.col("logprobs_source").ne_missing(CONSTRAINED_LOGPROBS)
     return (
         calls.join(retok_frame, on="_row", how="left")
         .sort("_row")
@@ -153,8 +154,9 @@ def call_tokens(calls: pl.DataFrame, tokenizer: Any | None) -> pl.DataFrame:
             completion_ids=exact_or(
                 pl.col("completion_token_ids").cast(pl.List(pl.List(pl.Int32)))
             ).otherwise("_rcompletion"),
-            completion_logprobs=pl.when(pl.col("_exact") & pl.col("logprobs_source").ne_missing(CONSTRAINED_LOGPROBS))
-            .then(pl.col("completion_logprobs").cast(pl.List(pl.List(pl.Float32)))),
+            completion_logprobs=pl.when(pl.col("_exact") & policys_logprobs).then(
+                pl.col("completion_logprobs").cast(pl.List(pl.List(pl.Float32)))
+            ),
             token_source=exact_or(pl.lit(EXACT))
             .when(pl.col("_rprompt").is_not_null())
             .then(pl.lit(RETOKENIZED)),

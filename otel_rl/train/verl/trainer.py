@@ -26,7 +26,7 @@ from verl.utils.model import compute_position_id_with_mask
 from verl.workers.utils.padding import left_right_2_no_padding, no_padding_2_padding
 
 from otel_rl.train.config import TrainConfig
-from otel_rl.train.correction import served_policy_correction
+from otel_rl.train.correction import served_policy_correction, warn_on_mismatch
 from otel_rl.train.trainer import RL_BATCH_KEYS
 from otel_rl.train.verl.config import compose_config
 from otel_rl.train.verl.platform import worker_env
@@ -177,6 +177,7 @@ class VerlTrainer:
             served = batch.batch.pop("rollout_log_probs")
             weights, corrected = served_policy_correction(old, served, response_mask, weights, algo)
             metrics.update(corrected)
+            warn_on_mismatch(old, served, response_mask, batch.non_tensor_batch, algo.mismatch_warning)
         # Our per-sample loss weights ride in verl's rollout_is_weights: its loss multiplies each token by it.
         batch.batch["rollout_is_weights"] = weights
         return metrics
