@@ -24,10 +24,11 @@ vllm-env: $(STAMP)
 demo: $(STAMP) vllm-env
 	$(BIN)/otel-rl demo $(if $(QUICK),--quick)
 
-# The web view's tests drive Debian's Chromium; the metrics tests scrape with Debian's Prometheus.
-DEBIAN_TOOLS := chromium prometheus
+# The web view's tests drive Debian's Chromium; the metrics tests scrape with Debian's Prometheus; the coding
+# sandbox is bubblewrap. Each is package[:command] (the command when it is named otherwise).
+DEBIAN_TOOLS := chromium prometheus bubblewrap:bwrap
 debian-tools:
-	@missing=$$(for t in $(DEBIAN_TOOLS); do command -v $$t >/dev/null || echo $$t; done); \
+	@missing=$$(for t in $(DEBIAN_TOOLS); do command -v $${t#*:} >/dev/null || echo $${t%%:*}; done); \
 	if [ -n "$$missing" ]; then \
 	  sudo=$$([ "$$(id -u)" = 0 ] || echo sudo); \
 	  $$sudo apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$sudo apt-get install -y -qq --no-install-recommends $$missing; \
