@@ -102,6 +102,19 @@ def test_the_admin_revokes_a_rollouts_key_for_good_and_a_rollout_key_cannot(serv
     assert httpx.delete(url, headers=served.auth, timeout=10).json()["revoked"] == 0
 
 
+def test_otel_rl_rollouts_revoke_key_revokes_one_attempts_key(served) -> None:
+    rollout = f"cli-{uuid.uuid4().hex[:12]}"
+    key = issue(served, rollout, "attempt-1")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")} | {"OTEL_RL_TOKEN": served.token}
+    command = [str(OTEL_RL), "rollouts", "revoke-key", rollout, "--attempt-id", "attempt-1"]
+    done = subprocess.run(
+        [*command, "--server", served.http_url], env=env, capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == f"revoked 1 key(s) of attempt attempt-1 of rollout {rollout}"
+    assert "revoked by the admin" in export_spans(served, key, rollout).text
+
+
 def test_revocations_and_attempts_survive_a_restart(tmp_path) -> None:
     server = ServerProcess(tmp_path / "otel_rl.duckdb", tmp_path).start()
     try:

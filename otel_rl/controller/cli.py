@@ -127,3 +127,45 @@ async def _run(runner: Any, rollouts: list[Any]) -> list[Any]:
         return list(await asyncio.gather(*(runner.run_rollout(rollout) for rollout in rollouts)))
     finally:
         await runner.aclose()
+
+
+@rollouts_app.command("revoke-key")
+def revoke_key_command(
+    rollout_id: Annotated[str, typer.Argument(help="The rollout whose keys stop working")],
+    attempt_id: Annotated[
+        str | None, typer.Option(help="Only this attempt's key (default: every key of the rollout)")
+    ] = None,
+    server: Annotated[
+        str | None,
+        typer.Option(help="The otel-rl server [env OTEL_RL_SERVER; default http://127.0.0.1:4318]"),
+    ] = None,
+    token: Annotated[
+        str | None,
+        typer.Option(help="Admin token [env OTEL_RL_TOKEN; else OTEL_RL_TOKEN_FILE; else .otel_rl/token]"),
+    ] = None,
+) -> None:
+    """Revoke a rollout's keys (docs/security.md): the harness holding one is refused from now on."""
+    import os
+
+    import httpx
+
+    from otel_rl.auth import client_token
+    from otel_rl.query import DEFAULT_SERVER, response_detail
+
+    url = (server or os.environ.get("OTEL_RL_SERVER") or DEFAULT_SERVER).rstrip("/")
+    try:
+        admin = client_token(token)
+        response = httpx.delete(
+            f"{url}/v1/admin/rollouts/{rollout_id}/key",
+            params={"attempt_id": attempt_id} if attempt_id else {},
+            headers={"Authorization": f"Bearer {admin}"} if admin else {},
+            timeout=30,
+        )
+    except (ValueError, httpx.TransportError) as error:  # a token file without a token; no server there
+        typer.echo(f"error: {error}", err=True)
+        raise typer.Exit(1) from None
+    if response.status_code != 200:
+        typer.echo(f"error: {url} answered {response.status_code}: {response_detail(response)}", err=True)
+        raise typer.Exit(1)
+    which = f"attempt {attempt_id} of rollout {rollout_id}" if attempt_id else f"rollout {rollout_id}"
+    typer.echo(f"revoked {response.json()['revoked']} key(s) of {which}")

@@ -38,8 +38,5 @@ def web_view_line(address: str, link: str, db: Path) -> str:
     try:
         write_private(path, link)
     except OSError as error:
-        return (
-            f"web view: {address} (could not write its link to {path}: {error.strerror}; "
-            "paste the admin token into the page, or start with --print-ui-link)"
-        )
-    return f"web view: {address} (its link with the admin token: {path}, mode 600; or --print-ui-link)"
+        return f"web view: {address} (could not write its link to {path}: {error.strerror}; paste the token)"
+    return f"web view: {address} (its link with the admin token: {path}, mode 600)"
