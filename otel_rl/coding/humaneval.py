@@ -79,7 +79,7 @@ def build_task(problem: dict[str, str], folder: Path, *, repo_path: str, guard: 
     with tempfile.TemporaryDirectory(prefix="otel-rl-humaneval-") as scratch:
         repo = Path(scratch)
         shutil.copytree(folder, repo, dirs_exist_ok=True)
-        git(repo, "init", "-q", "--initial-branch=main")
+        git(repo, "init", "-q", "--template=", "--initial-branch=main")
         git(repo, "add", "-A")
         git(repo, "commit", "-q", "--no-verify", "-m", "snapshot")
         patch = _diff_of(repo, SOURCE, problem["prompt"] + problem["canonical_solution"])

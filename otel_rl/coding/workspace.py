@@ -63,7 +63,7 @@ def _snapshot(task_set: TaskSet, task: Task, dest: Path) -> None:
 
 
 def _commit_all(directory: Path) -> str:
-    git(directory, "init", "-q", "--initial-branch=main")
+    git(directory, "init", "-q", "--template=", "--initial-branch=main")  # no sample hooks
     git(directory, "add", "-A")
     git(directory, "commit", "-q", "--no-verify", "--allow-empty", "-m", "snapshot")
     return git(directory, "rev-parse", "HEAD").decode().strip()
