@@ -76,6 +76,7 @@ def controller_for(
         openai_base_url=f"{server_url}/v1",
         token=token,
         issue_key=issuer.issue_rollout_key,
+        revoke_key=issuer.revoke_rollout_key,
         run_id=RUN_ID,
         api=api,
     )

@@ -37,6 +37,7 @@ def controller_for(server, settings: ControllerSettings) -> Controller:
         openai_base_url=f"{server.http_url}/v1",
         token=server.token,
         issue_key=client.issue_rollout_key,
+        revoke_key=client.revoke_rollout_key,
     )
 
 

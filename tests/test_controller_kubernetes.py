@@ -111,6 +111,19 @@ def test_status_from_the_cluster(statuses, otel_rl_server, behaviour, expected):
     assert [row["trace_id"] for row in rows] == [a.trace_id for a in result.attempts]
 
 
+def test_each_attempts_key_is_revoked_when_its_attempt_ends(statuses, otel_rl_server):
+    _, results = statuses
+    for result in results.values():
+        revoked = otel_rl_server.sql(
+            "SELECT k.attempt_id, r.reason FROM rollout_keys k"
+            " JOIN rollout_key_revocations r USING (key_hash)"
+            f" WHERE k.rollout_id = '{result.rollout.rollout_id}' ORDER BY r.revoked_at"
+        ).to_pylist()
+        assert revoked == [
+            {"attempt_id": a.attempt_id, "reason": f"attempt {a.attempt_id} ended"} for a in result.attempts
+        ]
+
+
 def test_jobs_carry_the_forced_fields_and_the_contract(statuses):
     stand, results = statuses
     assert_clean(stand)
