@@ -1,7 +1,8 @@
 """The coding sandbox and grader against their bare equivalents, side by side, wall-clock medians.
 
 1. Sandbox start to first command: `sandbox.run(workspace, ["true"])` (namespaces, mounts, rlimits, the
-   identity switch, the started-gate) against bare `bwrap --ro-bind / / -- true`.
+   identity switch, the started-gate), and with one host port forwarded in (the gateway's), against bare
+   `bwrap --ro-bind / / -- true`.
 2. Grading a task: `grade()` on the gold patch of HumanEval/0 (a pristine one-commit copy, the patch split
    and applied, hidden tests added, pytest in a new sandbox, junit read) against pytest alone on the same
    tests in an already prepared tree, with the same flags, outside any sandbox.
@@ -12,6 +13,7 @@ Usage: python bench/coding.py [--runs 20]
 
 import argparse
 import shutil
+import socket
 import statistics
 import subprocess
 import sys
@@ -49,6 +51,10 @@ def main() -> None:
         sandbox.hand_over(workspace)
         bwrap = shutil.which("bwrap") or "bwrap"
         ours = median_seconds(lambda: sandbox.run(workspace, ["true"], limits=limits), runs)
+        with socket.create_server(("127.0.0.1", 0)) as gateway:
+            port = gateway.getsockname()[1]
+            run = lambda: sandbox.run(workspace, ["true"], limits=limits, forward=(port,))  # noqa: E731
+            forwarding = median_seconds(run, runs)
         bare = median_seconds(
             lambda: subprocess.run([bwrap, "--ro-bind", "/", "/", "--", "true"], check=True), runs
         )
@@ -69,6 +75,8 @@ def main() -> None:
     print(f"{'measure':<44}{'ours':>10}{'bare':>10}{'diff':>12}")
     print(f"{'sandbox start to first command (true)':<44}{ours * 1e3:>8.1f}ms{bare * 1e3:>8.1f}ms"
           f"{(ours - bare) * 1e3:>+10.1f}ms")  # fmt: skip
+    print(f"{'  the same, one port forwarded in':<44}{forwarding * 1e3:>8.1f}ms{bare * 1e3:>8.1f}ms"
+          f"{(forwarding - bare) * 1e3:>+10.1f}ms")  # fmt: skip
     print(f"{'grading HumanEval/0 gold vs pytest alone':<44}{graded * 1e3:>8.0f}ms{alone * 1e3:>8.0f}ms"
           f"{graded / alone:>11.2f}x")  # fmt: skip
     print(f"medians of {runs} runs each, wall clock")

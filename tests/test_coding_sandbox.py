@@ -1,5 +1,6 @@
 """The sandbox a coding agent works in: real bubblewrap over a real one-commit workspace."""
 
+import http.server
 import os
 import socket
 import subprocess
@@ -168,3 +169,36 @@ def test_sandbox_run_command_exits_with_the_command_status_and_hides_the_hidden_
         text=True,
     )
     assert unknown.returncode == 2 and "no task with instance_id 'nope'" in unknown.stderr
+
+
+def test_forwarded_ports_are_reachable_inside_and_no_other_host_port(workspace: Path) -> None:
+    class Hello(http.server.BaseHTTPRequestHandler):
+        def do_POST(self) -> None:  # noqa: N802 (http.server's name)
+            body = self.rfile.read(int(self.headers["Content-Length"]))
+            self.send_response(200)
+            self.end_headers()
+            self.wfile.write(b"gateway saw " + body)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    gateway = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Hello)
+    threading.Thread(target=gateway.serve_forever, daemon=True).start()
+    other = socket.create_server(("127.0.0.1", 0))
+    port, other_port = gateway.server_address[1], other.getsockname()[1]
+    client = f"""
+import socket, urllib.request
+body = urllib.request.urlopen("http://127.0.0.1:{port}/v1", data=b"x" * 200000, timeout=10).read()
+print(body[:12].decode(), len(body))
+try:
+    socket.create_connection(("127.0.0.1", {other_port}), timeout=3)
+    print("other reached")
+except OSError as error:
+    print(type(error).__name__)
+"""
+    try:
+        done = sandbox.run(workspace, ["python", "-c", client], limits=SMALL, forward=(port,))
+    finally:
+        gateway.shutdown()
+        other.close()
+    assert done.stdout.decode().split() == ["gateway", "saw", "200012", "ConnectionRefusedError"], done.stderr

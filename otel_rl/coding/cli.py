@@ -84,9 +84,13 @@ def sandbox_run_command(
     command: Annotated[list[str], typer.Argument(help="the command, after --", show_default=False)],
     cpu_seconds: CpuSeconds = 600,
     wall_seconds: WallSeconds = 1800.0,
+    forward: Annotated[
+        list[int] | None,
+        typer.Option(help="a host loopback port reachable inside on the same port (the gateway's, OTLP's)"),
+    ] = None,
 ) -> None:
     """Run a command in the workspace an agent would get (a fresh one-commit repository of the task's
-    snapshot, no hidden tests); exit status: the command's."""
+    snapshot, no hidden tests, loopback only plus the --forward ports); exit status: the command's."""
     task_set = _load(file)
     limits = sandbox.Limits(cpu_seconds=cpu_seconds, wall_seconds=wall_seconds)
     try:
@@ -94,8 +98,8 @@ def sandbox_run_command(
         with tempfile.TemporaryDirectory(prefix="otel-rl-workspace-") as scratch:
             workspace = make_workspace(task_set, task, Path(scratch))
             sandbox.hand_over(workspace)
-            done = sandbox.run(workspace, command, limits=limits, capture=False)
-    except (TaskError, sandbox.SandboxError) as error:
+            done = sandbox.run(workspace, command, limits=limits, capture=False, forward=tuple(forward or ()))
+    except (TaskError, sandbox.SandboxError, ValueError) as error:
         typer.echo(f"error: {error}", err=True)
         raise typer.Exit(2) from None
     if done.timed_out:

@@ -16,6 +16,9 @@ from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 
+from otel_rl.coding.forward import INSIDE as FORWARD_INSIDE
+from otel_rl.coding.forward import forwarded
+
 WORKSPACE = "/workspace"
 HOME = "/home/agent"
 UNPRIVILEGED = 65534  # nobody/nogroup: who the sandboxed command runs as when the caller is root
@@ -171,10 +174,28 @@ def run(
     binds: tuple[Bind, ...] = (),
     env: dict[str, str] | None = None,
     capture: bool = True,
+    forward: tuple[int, ...] = (),
 ) -> Completed:
     """Run `command` in a fresh sandbox over `workspace`; the wall clock kills the whole session. A sandbox
-    whose setup failed (its command never ran) raises SandboxError, apart from the command's own failures."""
+    whose setup failed (its command never ran) raises SandboxError, apart from the command's own failures.
+    `forward`: host loopback ports (the gateway's, the OTLP endpoint's) reachable inside on the same ports."""
     probe_user_namespaces()
+    if forward:
+        with forwarded(list(forward), owner=sandbox_owner()) as (folder, prefix):
+            binds = (*binds, Bind(folder, FORWARD_INSIDE))
+            return _run(workspace, [*prefix, *command], limits=limits, binds=binds, env=env, capture=capture)
+    return _run(workspace, command, limits=limits, binds=binds, env=env, capture=capture)
+
+
+def _run(
+    workspace: Path,
+    command: list[str],
+    *,
+    limits: Limits,
+    binds: tuple[Bind, ...],
+    env: dict[str, str] | None,
+    capture: bool,
+) -> Completed:
     argv = bwrap_argv(workspace, command, limits=limits, binds=binds, env=env)
     # bwrap's child reads one byte from --block-fd after its setup, right before exec: a byte still there
     # afterwards means the command never started. The command cannot put it back (it holds no write end).
