@@ -89,7 +89,8 @@ def script(blocks: list[Block], *, wait_s: float) -> str:
         "trap 'kill $(jobs -p) 2>/dev/null || true; wait || true' EXIT",
     ]
     for block in blocks:
-        parts.append(f"echo {shlex.quote(f'## {block.page}:{block.line}')} >&2")
+        # $SECONDS: the seconds since the script started, so a log shows each block's time.
+        parts.append(f"echo {shlex.quote(f'## {block.page}:{block.line} at')} $SECONDS s >&2")
         if block.language == "python":
             parts.append(f"python - <<'OTEL_RL_DOCS_PYTHON'\n{block.text}\nOTEL_RL_DOCS_PYTHON")
         else:
@@ -97,9 +98,10 @@ def script(blocks: list[Block], *, wait_s: float) -> str:
         if block.wait_url:
             url = shlex.quote(block.wait_url)
             failed = shlex.quote(f"{block.wait_url} never answered")
+            probe = f"curl -sf --max-time 5 -o /dev/null {url}"
             parts.append(
-                f"for _ in $(seq {int(wait_s)}); do curl -sf -o /dev/null {url} && break; sleep 1; done; "
-                f"curl -sf -o /dev/null {url} || {{ echo {failed} >&2; exit 1; }}"
+                f"for _ in $(seq {int(wait_s)}); do {probe} && break; sleep 1; done; "
+                f"{probe} || {{ echo {failed} >&2; exit 1; }}"
             )
     return "\n".join(parts) + "\n"
 
@@ -123,7 +125,7 @@ def run_pages(pages: list[Path], folder: Path, *, timeout_s: float) -> subproces
     shutil.copytree(
         REPOSITORY / "examples", folder / "examples", ignore=shutil.ignore_patterns("__pycache__")
     )
-    (folder / "run.sh").write_text(script(blocks, wait_s=timeout_s / 2))
+    (folder / "run.sh").write_text(script(blocks, wait_s=timeout_s * 0.6))
     environment = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "OPENAI_"))}
     environment["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{environment.get('PATH', '')}"
     process = subprocess.Popen(
