@@ -4,7 +4,7 @@ It asks the model the task's question, runs the `calc` tool calls the model make
 results, and rewards the final message (1 if calc was used and its last integer is the answer, else 0).
 otel-rl needs three lines: `otel_rl.instrument()`, `with otel_rl.rollout(...) as r:`, `r.reward(...)`.
 
-    OPENAI_BASE_URL=http://127.0.0.1:8000/v1 OPENAI_API_KEY=x \\
+    OPENAI_BASE_URL=http://127.0.0.1:4318/v1 OPENAI_API_KEY=$(cat .otel_rl/token) \\
         python examples/calc_agent.py --task-json '{"question": "What is 37 + 48?", "answer": 85}'
 
 The task is a JSON object with at least `question` and `answer` (examples/calc_task.py makes them);
