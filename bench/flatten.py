@@ -85,7 +85,9 @@ def main() -> None:
             flatten = min(
                 flatten,
                 cpu_seconds(
-                    lambda b: traces_to_tables(ExportTraceServiceRequest.FromString(b), now), payload, 3
+                    lambda b: traces_to_tables(ExportTraceServiceRequest.FromString(b), now, "admin"),
+                    payload,
+                    3,
                 ),
             )
         print(

@@ -102,7 +102,7 @@ def decode_rate(body: bytes, seconds: float = 2.0) -> tuple[float, float]:
     rates = []
     for work in (
         lambda: ExportTraceServiceRequest.FromString(body),
-        lambda: traces_to_tables(ExportTraceServiceRequest.FromString(body), datetime.now(UTC)),
+        lambda: traces_to_tables(ExportTraceServiceRequest.FromString(body), datetime.now(UTC), "admin"),
     ):
         n, start = 0, time.process_time()
         while time.process_time() - start < seconds:
@@ -116,7 +116,9 @@ def store_rate(template: bytes, placeholders: list[bytes], workdir: Path, reques
     """CPU-time spans/s of the durable store write alone (anti-join insert + fsync'd commit, 4 per group)."""
     batches = [
         traces_to_tables(
-            ExportTraceServiceRequest.FromString(fresh_copy(template, placeholders)), datetime.now(UTC)
+            ExportTraceServiceRequest.FromString(fresh_copy(template, placeholders)),
+            datetime.now(UTC),
+            "admin",
         )
         for _ in range(requests)
     ]
@@ -147,7 +149,7 @@ def pipeline_rate(
                 if body is None:
                     return
                 with decoding:
-                    batch = traces_batch(ExportTraceServiceRequest.FromString(body))
+                    batch = traces_batch(ExportTraceServiceRequest.FromString(body), "admin")
                 store.submit(batch).result()
 
         threads = [threading.Thread(target=producer) for _ in range(producers)]
@@ -281,7 +283,7 @@ def sustained_pipeline(
             while not stop.is_set():
                 body = fresh_copy(template, placeholders)  # the client's work, 7% of a span's CPU here
                 with decoding:
-                    batch = traces_batch(ExportTraceServiceRequest.FromString(body))
+                    batch = traces_batch(ExportTraceServiceRequest.FromString(body), "admin")
                 store.write(batch, "spans")
                 acked[slot] += SPANS_PER_REQUEST
 

@@ -270,10 +270,10 @@ def fill(store: Store, template: RolloutTemplate, first: int, last: int, calls_p
         start = time.perf_counter()
         for request in range(first, last):
             body = rollout_copy(template, request)
-            pending.append(submit(store, traces_batch(ExportTraceServiceRequest.FromString(body))))
+            pending.append(submit(store, traces_batch(ExportTraceServiceRequest.FromString(body), "admin")))
             rewards = rewards_request(request)
             if rewards is not None:
-                pending.append(submit(store, logs_batch(store, rewards)))
+                pending.append(submit(store, logs_batch(store, rewards, "admin")))
             while len(pending) > IN_FLIGHT:
                 pending.popleft().result()
             if request % 16 == 0:

@@ -41,11 +41,12 @@ def plot_rewards(report: dict[str, Any], path: Path) -> Path:
 
 
 SQL_TO_TRY = (
-    ("rollouts by split and status", "SELECT split, status, count(*) AS n, avg(outcome_reward) AS reward "
-     "FROM rollouts GROUP BY ALL ORDER BY ALL"),
+    # the demo trusts its harness's rewards (outcome_reward is a grader's: none here)
+    ("rollouts by split and status", "SELECT split, status, count(*) AS n, "
+     "avg(outcome_rewards_by_source['harness']) AS reward FROM rollouts GROUP BY ALL ORDER BY ALL"),
     ("train reward by policy version", "SELECT policy_version_max AS version, count(*) AS rollouts, "
-     "avg(outcome_reward) AS reward FROM rollouts WHERE split = 'train' AND policy_version_max IS NOT NULL "
-     "GROUP BY 1 ORDER BY 1"),
+     "avg(outcome_rewards_by_source['harness']) AS reward FROM rollouts WHERE split = 'train' "
+     "AND policy_version_max IS NOT NULL GROUP BY 1 ORDER BY 1"),
     ("one multi-turn rollout, call by call", "SELECT rollout_id, policy_version, output_messages "
      "FROM llm_calls WHERE rollout_id = (SELECT rollout_id FROM llm_calls WHERE split = 'val' LIMIT 1) "
      "ORDER BY start_time_unix_nano"),

@@ -55,11 +55,11 @@ def store_requests(store: Store, requests: list[Message], received_at: datetime)
     """The requests stored as received at `received_at`, one commit each, then normalized."""
     for request in requests:
         if isinstance(request, ExportTraceServiceRequest):
-            batch = traces_to_tables(request, received_at)
+            batch = traces_to_tables(request, received_at, "admin")
         elif isinstance(request, ExportLogsServiceRequest):
             logs = [scoped.log_records for outer in request.resource_logs for scoped in outer.scope_logs]
-            batch = logs_to_tables(request, received_at, store.reserve_log_seqs(sum(map(len, logs))))
+            batch = logs_to_tables(request, received_at, store.reserve_log_seqs(sum(map(len, logs))), "admin")
         else:
-            batch = metrics_to_tables(request, received_at)
+            batch = metrics_to_tables(request, received_at, "admin")
         store.submit(batch).result()
     store.wait_normalized()

@@ -65,11 +65,11 @@ def test_every_captured_export_is_stored_in_its_real_encoding(
 def stored_count(server, captured: CapturedRequest) -> int:
     """How many of the captured request's records the store holds, matched by their dedup keys."""
     if captured.signal == "traces":
-        table, key = flatten.traces_to_tables(captured.decoded, NOW)["spans"], "trace_id || span_id"
+        table, key = flatten.traces_to_tables(captured.decoded, NOW, "admin")["spans"], "trace_id || span_id"
     elif captured.signal == "logs":
-        table, key = flatten.logs_to_tables(captured.decoded, NOW, 0)["logs"], "content_key"
+        table, key = flatten.logs_to_tables(captured.decoded, NOW, 0, "admin")["logs"], "content_key"
     else:
-        table, key = metrics.metrics_to_tables(captured.decoded, NOW)["metric_points"], "content_key"
+        table, key = metrics.metrics_to_tables(captured.decoded, NOW, "admin")["metric_points"], "content_key"
     keys = table.column("content_key" if key == "content_key" else "trace_id").to_pylist()
     if key != "content_key":
         keys = [t + s for t, s in zip(keys, table.column("span_id").to_pylist(), strict=True)]

@@ -44,7 +44,10 @@ def test_quick_demo_trains_through_the_whole_pipeline_and_reports(quick_demo):
     def sql(statement: str) -> list[tuple]:
         return query(statement, db=workdir / "otel_rl.duckdb").rows()
 
-    expert = sql("SELECT count(*), avg(outcome_reward) FROM rollouts WHERE service_name = 'expert_agent'")
+    expert = sql(
+        "SELECT count(*), avg(outcome_rewards_by_source['harness']) FROM rollouts"
+        " WHERE service_name = 'expert_agent'"
+    )
     assert expert[0][0] == QUICK.expert_rollouts and 0.3 < expert[0][1] < 0.8  # noisy on purpose
     trained = QUICK.rl_steps * QUICK.groups_per_step * QUICK.group_size
     assert sql("SELECT count(*) FROM rollouts WHERE split = 'train' AND status = 'ok'")[0][0] >= trained
@@ -91,7 +94,8 @@ def test_sft_from_traces_keeps_only_rollouts_above_the_reward_threshold(quick_de
     done = subprocess.run(command, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     successes = query(
-        f"SELECT count(*) FROM rollouts WHERE {where} AND outcome_reward >= 1", db=workdir / "otel_rl.duckdb"
+        f"SELECT count(*) FROM rollouts WHERE {where} AND outcome_rewards_by_source['harness'] >= 1",
+        db=workdir / "otel_rl.duckdb",
     )
     assert f"{successes.item()} conversations for SFT" in done.stdout
     losses = [

@@ -51,9 +51,9 @@ def sdk_request(*spans: tuple[str, dict]) -> object:
 
 
 def test_tables_have_the_columns_and_types_of_the_store_tables(db) -> None:
-    tables = traces_to_tables(sdk_request(("chat m", {"gen_ai.operation.name": "chat"})), NOW)
-    tables |= logs_to_tables(ExportLogsServiceRequest(), NOW, 0)
-    tables |= metrics_to_tables(ExportMetricsServiceRequest(), NOW)
+    tables = traces_to_tables(sdk_request(("chat m", {"gen_ai.operation.name": "chat"})), NOW, "admin")
+    tables |= logs_to_tables(ExportLogsServiceRequest(), NOW, 0, "admin")
+    tables |= metrics_to_tables(ExportMetricsServiceRequest(), NOW, "admin")
     for name, table in tables.items():
         built = ", ".join(column.name for column in LAYOUTS[name].built)  # not what the writer sets
         expected = db.sql(f"SELECT {built} FROM {name} LIMIT 0").to_arrow_table().schema
@@ -83,7 +83,7 @@ def test_packed_token_arrays_round_trip_exactly_into_call_tokens(db) -> None:
     for i, (ids, lps) in enumerate(zip(choices, logprobs, strict=True)):
         attributes[f"otel_rl.choices.{i}.token_ids"] = ids.tobytes()
         attributes[f"otel_rl.choices.{i}.logprobs"] = lps.tobytes()
-    tables = traces_to_tables(sdk_request(("chat m", attributes), ("other", {"a": 1})), NOW)
+    tables = traces_to_tables(sdk_request(("chat m", attributes), ("other", {"a": 1})), NOW, "admin")
     insert(db, tables)
 
     (row,) = db.execute(
@@ -107,7 +107,7 @@ def test_content_attributes_are_stored_apart_and_together_with_the_rest_are_ever
         "llm.tools.0.tool.json_schema": "{}",
         "gen_ai.usage.input_tokens": 3,
     }
-    insert(db, traces_to_tables(sdk_request(("chat m", attributes), ("tool t", {"a": 1})), NOW))
+    insert(db, traces_to_tables(sdk_request(("chat m", attributes), ("tool t", {"a": 1})), NOW, "admin"))
 
     rows = db.execute("SELECT name, attributes, content_attributes FROM spans ORDER BY name").fetchall()
     (_, call, content), (_, tool, no_content) = rows
@@ -123,7 +123,7 @@ def test_content_attributes_are_stored_apart_and_together_with_the_rest_are_ever
 def test_an_unrecorded_choice_or_prompt_or_logprobs_is_null(db) -> None:
     ids = np.arange(4, dtype="<i4")
     request = sdk_request(("chat m", {"otel_rl.choices.1.token_ids": ids.tobytes()}))
-    insert(db, traces_to_tables(request, NOW))
+    insert(db, traces_to_tables(request, NOW, "admin"))
     row = db.execute("SELECT prompt_token_ids, choice_token_ids, choice_logprobs FROM call_tokens").fetchone()
     assert row == (None, [None, [0, 1, 2, 3]], None)
 
@@ -131,7 +131,7 @@ def test_an_unrecorded_choice_or_prompt_or_logprobs_is_null(db) -> None:
 def test_a_packed_array_that_is_not_whole_int32_values_is_refused_by_name() -> None:
     request = sdk_request(("chat m", {"otel_rl.prompt_token_ids": b"\x01\x02\x03"}))
     with pytest.raises(ValueError, match=r"'otel_rl.prompt_token_ids' has 3 bytes"):
-        traces_to_tables(request, NOW)
+        traces_to_tables(request, NOW, "admin")
 
 
 def test_attribute_values_map_to_json_and_ids_to_lowercase_hex(db) -> None:
@@ -151,7 +151,7 @@ def test_attribute_values_map_to_json_and_ids_to_lowercase_hex(db) -> None:
     }
     request = sdk_request(("root", attributes))
     request.resource_spans[0].scope_spans[0].spans[0].events.add(name="e", time_unix_nano=5)
-    insert(db, traces_to_tables(request, NOW))
+    insert(db, traces_to_tables(request, NOW, "admin"))
     row = db.execute(
         "SELECT trace_id, span_id, parent_span_id, attributes, events, links, received_at FROM spans"
     ).fetchone()
@@ -171,12 +171,12 @@ def test_every_captured_request_flattens_into_the_schema(db) -> None:
     seq = 0
     for captured in captured_requests():
         if captured.signal == "traces":
-            tables = traces_to_tables(captured.decoded, NOW)
+            tables = traces_to_tables(captured.decoded, NOW, "admin")
         elif captured.signal == "logs":
-            tables = logs_to_tables(captured.decoded, NOW, seq)
+            tables = logs_to_tables(captured.decoded, NOW, seq, "admin")
             seq += tables["logs"].num_rows
         else:
-            tables = metrics_to_tables(captured.decoded, NOW)
+            tables = metrics_to_tables(captured.decoded, NOW, "admin")
         assert (
             sum(t.num_rows for name, t in tables.items() if name != "call_tokens") == captured.record_count()
         )
@@ -193,8 +193,8 @@ def test_the_same_log_record_gets_the_same_content_key_and_a_different_one_anoth
     scope_logs = request.resource_logs.add().scope_logs.add()
     scope_logs.log_records.add(event_name="a", observed_time_unix_nano=1)
     scope_logs.log_records.add(event_name="a", observed_time_unix_nano=2)
-    first = logs_to_tables(request, NOW, 10)["logs"]
-    again = logs_to_tables(request, NOW, 20)["logs"]
+    first = logs_to_tables(request, NOW, 10, "admin")["logs"]
+    again = logs_to_tables(request, NOW, 20, "admin")["logs"]
     assert first.column("content_key").to_pylist() == again.column("content_key").to_pylist()
     assert len(set(first.column("content_key").to_pylist())) == 2
     assert first.column("seq").to_pylist() == [10, 11]

@@ -86,7 +86,7 @@ def test_rows_written_directly_equal_the_collectors_rows_of_the_sdk_span():
 
     # The span forwarded over OTLP (same ids) is what the rows say.
     via_otlp = traces_to_tables(
-        encode_spans(forwarded.get_finished_spans()), written["spans"]["received_at"][0]
+        encode_spans(forwarded.get_finished_spans()), written["spans"]["received_at"][0], "server"
     )
     assert rows(written) == rows(via_otlp)
 
@@ -97,7 +97,7 @@ def test_rows_written_directly_equal_the_collectors_rows_of_the_sdk_span():
     )
     for record in records():
         record_call(provider.get_tracer(GATEWAY_SCOPE), record)
-    via_sdk = rows(traces_to_tables(encode_spans(made_by_sdk.get_finished_spans()), None))
+    via_sdk = rows(traces_to_tables(encode_spans(made_by_sdk.get_finished_spans()), None, "server"))
     ids = ["span_id", "trace_id"]
     assert rows(written)["spans"].drop_columns(ids) == via_sdk["spans"].drop_columns(ids)
     assert rows(written)["spans"]["trace_id"][0] == via_sdk["spans"]["trace_id"][0]  # the caller's trace

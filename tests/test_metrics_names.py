@@ -42,7 +42,7 @@ def training_spans(store, records: list[tuple[str, StepRecord | EvalRecord]]):
         attributes |= {f"{attr.TRAIN_PREFIX}{k}": v for k, v in values.items() if k != "policy_version"}
         attributes |= {f"{attr.TRAIN_PREFIX}trainer.{k}": v for k, v in trainer.items()}
         tracer.start_span(name, attributes=attributes).end()
-    return traces_batch(encode_spans(exporter.get_finished_spans()))["spans"]
+    return traces_batch(encode_spans(exporter.get_finished_spans()), "admin")["spans"]
 
 
 def step(number: int) -> StepRecord:

@@ -62,7 +62,9 @@ def ingest_shuffled(store: Store, requests: list[Message], rng: random.Random) -
         size = rng.randint(1, 12)
         group, pieces = pieces[:size], pieces[size:]
         batches = [
-            traces_batch(p) if isinstance(p, ExportTraceServiceRequest) else logs_batch(store, p)
+            traces_batch(p, "admin")
+            if isinstance(p, ExportTraceServiceRequest)
+            else logs_batch(store, p, "admin")
             for p in group
         ]
         wait([store.submit(batch) for batch in batches])
@@ -99,7 +101,9 @@ def test_a_commit_the_views_cannot_normalize_is_skipped_and_kept_raw_and_the_res
     with Store(tmp_path / "store.duckdb", transforms_dir=transforms) as store:
         for rollout_id in ("r-0", "poison", "r-1"):
             spans, reward = rollout_requests(rollout_id, start)
-            wait([store.submit(traces_batch(spans)), store.submit(logs_batch(store, reward))])
+            wait(
+                [store.submit(traces_batch(spans, "admin")), store.submit(logs_batch(store, reward, "admin"))]
+            )
         store.wait_normalized(timeout_s=60)
         rollouts = store.query_arrow("SELECT rollout_id FROM rollouts ORDER BY 1")["rollout_id"].to_pylist()
         raw = store.query_arrow(
@@ -115,12 +119,12 @@ def test_a_read_after_a_commit_waits_for_that_commit_only(tmp_path) -> None:
     start = time.time_ns()
     with Store(tmp_path / "store.duckdb") as store:
         spans, reward = rollout_requests("r-0", start)
-        wait([store.submit(traces_batch(spans)), store.submit(logs_batch(store, reward))])
+        wait([store.submit(traces_batch(spans, "admin")), store.submit(logs_batch(store, reward, "admin"))])
         seen = store.seen_through()
         store.wait_normalized()
         with store.normalizer.paused():  # no round runs: later commits stay behind
             later, _ = rollout_requests("r-1", start)
-            store.submit(traces_batch(later)).result()
+            store.submit(traces_batch(later, "admin")).result()
             assert store.normalizer.lag == 1
             read = store.user_query("SELECT rollout_id FROM rollouts", timeout_s=5, after_commit=seen).run()
             with pytest.raises(NotNormalized, match="1 commits behind"):

@@ -124,7 +124,10 @@ def test_calc_agent_run_shows_its_rollout_calls_and_reward_in_sql(otel_rl_server
     rollout_id = result["rollout_id"]
 
     [rollout] = rows(otel_rl_server, f"SELECT * FROM rollouts WHERE rollout_id = '{rollout_id}'")
-    assert (rollout["status"], rollout["n_calls"], rollout["outcome_reward"]) == ("ok", 2, 1.0)
+    assert (rollout["status"], rollout["n_calls"]) == ("ok", 2)
+    # the agent's own reward, beside the trusted one (no grader's here)
+    assert rollout["outcome_rewards_by_source"] == [("harness", 1.0)]
+    assert rollout["outcome_reward"] is None
     assert (rollout["task_id"], rollout["split"], rollout["service_name"]) == (
         "add-37-48-p0",
         "train",
@@ -210,7 +213,7 @@ def test_agent_started_by_the_controller_joins_its_trace_and_identity(otel_rl_se
         identity[attr.GROUP_ID],
     )
     assert (rollout["task_id"], rollout["split"], rollout["n_calls"]) == ("task 17/add", "val", 2)
-    assert rollout["outcome_reward"] == 1.0
+    assert rollout["outcome_rewards_by_source"] == [("harness", 1.0)]
 
 
 def test_a_failing_agent_exporting_over_grpc_is_recorded_as_error_with_its_turn_reward(

@@ -164,7 +164,7 @@ def test_fresh_rows_and_exports_waiting_together_are_both_stored_the_exports_ded
     with Store(tmp_path / "mixed.duckdb") as store:
         ingest_traces(store, request(1))
         # an export sent again, the gateway's fresh rows (ids drawn by it), a new export: submitted together
-        exported, fresh, new = (traces_batch(request(*ids)) for ids in ((1,), (2, 3), (4,)))
+        exported, fresh, new = (traces_batch(request(*ids), "admin") for ids in ((1,), (2, 3), (4,)))
         futures = [store.submit(exported), store.submit(fresh, dedup=False), store.submit(new)]
         for future in futures:
             future.result(10)

@@ -225,7 +225,7 @@ def test_a_checkpoint_failing_on_a_full_disk_reopens_the_invalidated_store_and_l
         body, trace_id = spans_request()
         request = ExportTraceServiceRequest.FromString(body)
         try:
-            store.submit(traces_batch(request)).result()
+            store.submit(traces_batch(request, "admin")).result()
         except StoreUnavailable:
             return False
         acked.append(trace_id)

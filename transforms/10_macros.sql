@@ -177,3 +177,13 @@ CREATE OR REPLACE MACRO messages_of(j) AS from_json(j, '[{
     "role": "VARCHAR", "content": "VARCHAR",
     "tool_calls": [{"id": "VARCHAR", "name": "VARCHAR", "arguments": "VARCHAR"}],
     "tool_call_id": "VARCHAR", "reasoning": "VARCHAR", "finish_reason": "VARCHAR"}]');
+
+-- Whether the server vouches for a raw row (its `sender`, set at ingest from the credential, docs/security.md
+-- "What only the server vouches for"): its own components, or the admin token's holder (controller, trainer,
+-- graders). A rollout key's rows are the harness's claims; rows stored before senders were recorded (NULL)
+-- are no one's word either.
+CREATE OR REPLACE MACRO vouched(sender) AS coalesce(sender IN ('server', 'admin'), false);
+
+-- The reward sources trusted by default, as training trusts them (otel_rl/transforms/rewards.py
+-- DEFAULT_TRUSTED_SOURCES): what `rollouts.outcome_reward` shows.
+CREATE OR REPLACE MACRO trusted_reward_source(source) AS coalesce(source IN ('grader'), false);

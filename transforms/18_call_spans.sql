@@ -63,9 +63,11 @@ SELECT
     content_attributes,
     resource_attributes,
     scope_name,
+    sender,
     a,
     CASE
-        WHEN scope_name = 'otel_rl.gateway' THEN 'gateway'
+        -- the gateway's own record only: the same scope from another sender is that sender's claim (semconv)
+        WHEN scope_name = 'otel_rl.gateway' AND vouched(sender) THEN 'gateway'
         WHEN a."openinference.span.kind" = 'LLM' THEN 'openinference'
         WHEN a."gen_ai.operation.name" IS NULL AND list_contains(a."logfire.tags", 'LLM') THEN 'logfire'
         WHEN a."ai.operationId" IS NOT NULL THEN 'ai_sdk'

@@ -6,7 +6,8 @@ CREATE OR REPLACE VIEW llm_call_identity AS
 SELECT
     *,
     status_code = 2 OR a."error.type" IS NOT NULL OR list_contains(event_names, 'exception') AS is_error,
-    a."otel_rl.policy.version" AS policy_version
+    -- the policy version is the gateway's word (or the admin's): a harness's span claims none
+    CASE WHEN vouched(sender) THEN a."otel_rl.policy.version" END AS policy_version
 FROM (
     SELECT
         s.*,

@@ -46,7 +46,8 @@ WITH calls AS (
              THEN span_content_events_of(s.events) END AS span_events
     FROM llm_call_index s
     LEFT JOIN llm_call_events e USING (trace_id, span_id)
-    LEFT JOIN call_tokens t USING (trace_id, span_id)
+    -- the span's own sender's token ids: never a harness's sent with the ids of the gateway's span
+    LEFT JOIN call_tokens t ON t.trace_id = s.trace_id AND t.span_id = s.span_id AND t.sender = s.sender
 ),
 
 sourced AS (
@@ -219,14 +220,16 @@ normalized AS (
         is_error,
         error_type_name(raw_error_type) AS error_type,
 
-        -- Token data: the gateway's packed arrays, or the raw vLLM response that OpenInference keeps.
-        CASE WHEN span_dialect = 'gateway' THEN gw_prompt_token_ids ELSE oi_response.prompt_token_ids END
-            AS prompt_token_ids,
+        -- Token data: the gateway's packed arrays, or the raw vLLM response that OpenInference keeps; only
+        -- from a sender the server vouches for (a harness's token ids are claims: retokenized, never exact).
+        CASE WHEN span_dialect = 'gateway' THEN gw_prompt_token_ids
+             WHEN vouched(sender) THEN oi_response.prompt_token_ids END AS prompt_token_ids,
         CASE WHEN span_dialect = 'gateway' THEN gw_choice_token_ids
-             ELSE [c.token_ids FOR c IN oi_response.choices] END AS completion_token_ids_raw,
+             WHEN vouched(sender) THEN [c.token_ids FOR c IN oi_response.choices] END
+            AS completion_token_ids_raw,
         CASE WHEN span_dialect = 'gateway' THEN gw_choice_logprobs
-             ELSE [[t.logprob FOR t IN c.logprobs.content] FOR c IN oi_response.choices] END
-            AS completion_logprobs_raw,
+             WHEN vouched(sender) THEN [[t.logprob FOR t IN c.logprobs.content] FOR c IN oi_response.choices]
+        END AS completion_logprobs_raw,
 
         policy_version,
         CASE span_dialect
@@ -241,6 +244,7 @@ normalized AS (
                  a."server.address" || coalesce(':' || a."server.port", '')) AS server_url,
         resource_attributes ->> 'service.name' AS service_name,
         scope_name,
+        sender,
         gateway_call
     FROM sourced
 )
@@ -300,6 +304,7 @@ SELECT
     c.server_url,
     c.service_name,
     c.scope_name,
+    c.sender,
     c.gateway_call.trace_id AS superseded_by_trace_id,
     c.gateway_call.span_id AS superseded_by_span_id
 FROM normalized c;

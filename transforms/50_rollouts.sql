@@ -6,30 +6,33 @@ WITH rollout_spans AS (
     SELECT
         s.trace_id, s.span_id, s.parent_span_id, s.name, s.scope_name, s.status_code, s.start_time_unix_nano,
         s.end_time_unix_nano, s.attributes, s.resource_attributes ->> 'service.name' AS service_name,
-        i.rollout_id, i.attempt_id, i.group_id, i.task_id, i.split
+        i.rollout_id, i.attempt_id, i.group_id, i.task_id, i.split, s.sender,
+        -- "latest" is by the server's receive order (the writer's commit), never by a sender's clock; spans
+        -- of one commit by their start
+        {'commit_seq': s.commit_seq, 'start': s.start_time_unix_nano} AS received
     FROM spans s JOIN span_identity i USING (trace_id, span_id)
     WHERE i.rollout_id IS NOT NULL
 ),
--- The rollout's own spans, latest first: the controller's otel_rl.rollout span (one per attempt) and the
--- SDK's rollout span opened by otel_rl.rollout().
+-- The rollout's own spans, latest first: the controller's otel_rl.rollout span (one per attempt), sent by a
+-- sender the server vouches for (the same span from a rollout key is the harness's claim, not a status), and
+-- the SDK's rollout span opened by otel_rl.rollout().
 controller_attempts AS (
     SELECT
         rollout_id,
-        arg_max(attempt_id, start_time_unix_nano) AS attempt_id,
+        arg_max(attempt_id, received) AS attempt_id,
         arg_max(coalesce(attributes ->> 'otel_rl.rollout.status',
                          CASE WHEN status_code = 2 THEN 'error' ELSE 'ok' END),
-                start_time_unix_nano) AS status,
-        arg_max(TRY_CAST(attributes ->> 'otel_rl.rollout.exit_code' AS INTEGER),
-                start_time_unix_nano) AS exit_code
+                received) AS status,
+        arg_max(TRY_CAST(attributes ->> 'otel_rl.rollout.exit_code' AS INTEGER), received) AS exit_code
     FROM rollout_spans
-    WHERE scope_name = 'otel_rl.controller' AND name = 'otel_rl.rollout'
+    WHERE scope_name = 'otel_rl.controller' AND name = 'otel_rl.rollout' AND vouched(sender)
     GROUP BY rollout_id
 ),
 sdk_spans AS (
     SELECT
         rollout_id,
-        arg_max(attempt_id, start_time_unix_nano) AS attempt_id,
-        arg_max(CASE WHEN status_code = 2 THEN 'error' ELSE 'ok' END, start_time_unix_nano) AS status
+        arg_max(attempt_id, received) AS attempt_id,
+        arg_max(CASE WHEN status_code = 2 THEN 'error' ELSE 'ok' END, received) AS status
     FROM rollout_spans
     WHERE scope_name = 'otel_rl.sdk' AND name = 'rollout'
     GROUP BY rollout_id
@@ -37,7 +40,7 @@ sdk_spans AS (
 summary AS (
     SELECT
         rollout_id,
-        arg_max(attempt_id, start_time_unix_nano) FILTER (WHERE attempt_id IS NOT NULL) AS attempt_id,
+        arg_max(attempt_id, received) FILTER (WHERE attempt_id IS NOT NULL) AS attempt_id,
         min_by(group_id, start_time_unix_nano) FILTER (WHERE group_id IS NOT NULL) AS group_id,
         min_by(task_id, start_time_unix_nano) FILTER (WHERE task_id IS NOT NULL) AS task_id,
         min_by(split, start_time_unix_nano) FILTER (WHERE split IS NOT NULL) AS split,
@@ -73,8 +76,8 @@ calls AS (
 -- span's, else its trace's when the trace has one rollout; outcome when not on a call span of that rollout),
 -- read from the relations above: the rewards view would compute span_identity and llm_call_index again.
 -- The latest by the server's receive order, never by the sender's clock.
-outcomes AS (
-    SELECT rollout_id, arg_max(value, {'received_at': received_at, 'seq': coalesce(seq, 0)}) AS outcome_reward
+outcome_records AS MATERIALIZED (
+    SELECT r.rollout_id, r.source, r.value, {'received_at': r.received_at, 'seq': coalesce(r.seq, 0)} AS received
     FROM (
         SELECT r.* REPLACE (coalesce(r.rollout_id, i.rollout_id, t.rollout_id) AS rollout_id)
         FROM reward_records r
@@ -85,6 +88,25 @@ outcomes AS (
     ) r
     ANTI JOIN call_index c ON c.trace_id = r.trace_id AND c.span_id = r.span_id
         AND c.rollout_id IS NOT DISTINCT FROM r.rollout_id
+),
+-- The reward training uses by default (its rule `last` over the trusted sources, otel_rl/transforms/
+-- rewards.py), and beside it the latest value of every source, the untrusted ones (a harness's self-report)
+-- included.
+outcomes AS (
+    SELECT
+        rollout_id,
+        arg_max(value, received) FILTER (WHERE trusted_reward_source(source) AND value IS NOT NULL)
+            AS outcome_reward
+    FROM outcome_records
+    GROUP BY rollout_id
+),
+-- A map source -> value (`outcome_rewards_by_source['harness']`); a record sent without a source is under
+-- '(none)', as the reports name it (one key each: grouped by the key itself).
+outcome_sources AS (
+    SELECT rollout_id, map_from_entries(list({'k': source, 'v': value} ORDER BY source))
+        AS outcome_rewards_by_source
+    FROM (SELECT rollout_id, coalesce(source, '(none)') AS source, arg_max(value, received) AS value
+          FROM outcome_records GROUP BY ALL)
     GROUP BY rollout_id
 )
 
@@ -112,9 +134,11 @@ SELECT
     s.service_name,
     s.trace_ids,
     c.policy_version_min,
-    c.policy_version_max
+    c.policy_version_max,
+    os.outcome_rewards_by_source
 FROM summary s
 LEFT JOIN controller_attempts ca USING (rollout_id)
 LEFT JOIN sdk_spans sdk USING (rollout_id)
 LEFT JOIN calls c USING (rollout_id)
-LEFT JOIN outcomes o USING (rollout_id);
+LEFT JOIN outcomes o USING (rollout_id)
+LEFT JOIN outcome_sources os USING (rollout_id);

@@ -24,6 +24,7 @@ from otel_rl.collector.decode import RESPONSE_TYPES, DecodeError, ExportRequest,
 from otel_rl.collector.ingest import logs_batch, metrics_batch, traces_batch
 from otel_rl.input_rules import id_problem
 from otel_rl.store import Store
+from otel_rl.store.layout import SENDER_ADMIN, SENDER_ROLLOUT, Sender
 from otel_rl.store.writer import Batch
 
 # The partial_success field that counts each signal's rejected records.
@@ -51,10 +52,11 @@ class PreparedExport:
 def prepare_export(
     store: Store, signal: Signal, request: ExportRequest, principal: Principal
 ) -> PreparedExport:
-    """Rows and response of an export, without the records the caller may not send (see `refuse_records`)."""
+    """Rows and response of an export, without the records the caller may not send (see `refuse_records`);
+    every row names the credential that sent it (`sender`), whatever the records say."""
     refused = refuse_records(signal, request, principal)
     try:
-        batch = _flatten(store, signal, request)
+        batch = _flatten(store, signal, request, sender_of(principal))
     except ValueError as exc:  # e.g. a packed token attribute whose length is not a multiple of 4
         raise DecodeError(f"{signal} request has invalid content: {exc}") from None
     response = RESPONSE_TYPES[signal]()
@@ -69,12 +71,17 @@ def prepare_export(
     return PreparedExport(batch=batch, response=response, refused=refused)
 
 
-def _flatten(store: Store, signal: Signal, request: ExportRequest) -> Batch:
+def sender_of(principal: Principal) -> Sender:
+    """Who vouches for what `principal` sends: the admin token's holder, or a harness (its claims)."""
+    return SENDER_ADMIN if principal.admin else SENDER_ROLLOUT
+
+
+def _flatten(store: Store, signal: Signal, request: ExportRequest, sender: Sender) -> Batch:
     if signal == "traces":
-        return traces_batch(request)
+        return traces_batch(request, sender)
     if signal == "logs":
-        return logs_batch(store, request)
-    return metrics_batch(request)
+        return logs_batch(store, request, sender)
+    return metrics_batch(request, sender)
 
 
 def refuse_records(signal: Signal, request: ExportRequest, principal: Principal) -> Counter[str]:

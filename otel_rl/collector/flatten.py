@@ -16,7 +16,7 @@ from opentelemetry.proto.resource.v1.resource_pb2 import Resource
 
 from otel_rl.collector.limits import MAX_VALUE_DEPTH, check_indexed_key
 from otel_rl.collector.packed import PackedTokens, call_tokens_table, take_packed
-from otel_rl.store.layout import LOGS, SPANS, rows_table
+from otel_rl.store.layout import LOGS, SPANS, Sender, rows_table
 
 SpanRow = SPANS.row
 LogRow = LOGS.row
@@ -196,8 +196,10 @@ def _id_lengths(trace_id: bytes, span_id: bytes, parent_span_id: bytes = b"") ->
     )
 
 
-def traces_to_tables(req: ExportTraceServiceRequest, received_at: datetime) -> dict[str, pa.Table]:
-    """ExportTraceServiceRequest -> {"spans": ..., "call_tokens": ...} Arrow tables."""
+def traces_to_tables(
+    req: ExportTraceServiceRequest, received_at: datetime, sender: Sender
+) -> dict[str, pa.Table]:
+    """ExportTraceServiceRequest from `sender` -> {"spans": ..., "call_tokens": ...} Arrow tables."""
     rows: list[SpanRow] = []
     packed: list[PackedTokens] = []
     for rs in req.resource_spans:
@@ -259,8 +261,8 @@ def traces_to_tables(req: ExportTraceServiceRequest, received_at: datetime) -> d
                     )
                 )
     return {
-        "spans": rows_table(SPANS, rows, received_at),
-        "call_tokens": call_tokens_table(packed, received_at),
+        "spans": rows_table(SPANS, rows, received_at, sender),
+        "call_tokens": call_tokens_table(packed, received_at, sender),
     }
 
 
@@ -292,9 +294,10 @@ def content_key(seed: Blake2b, record_bytes: bytes) -> str:
 
 
 def logs_to_tables(
-    req: ExportLogsServiceRequest, received_at: datetime, seq_start: int
+    req: ExportLogsServiceRequest, received_at: datetime, seq_start: int, sender: Sender
 ) -> dict[str, pa.Table]:
-    """ExportLogsServiceRequest -> {"logs": ...}; `seq` numbers records from `seq_start` in request order."""
+    """ExportLogsServiceRequest from `sender` -> {"logs": ...}; `seq` numbers records from `seq_start` in
+    request order."""
     rows: list[LogRow] = []
     seq = seq_start
     for rl in req.resource_logs:
@@ -335,4 +338,4 @@ def logs_to_tables(
                     )
                 )
                 seq += 1
-    return {"logs": rows_table(LOGS, rows, received_at)}
+    return {"logs": rows_table(LOGS, rows, received_at, sender)}

@@ -8,38 +8,44 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 
 from otel_rl.collector import flatten, metrics
 from otel_rl.store import IngestResult, Store
+from otel_rl.store.layout import SENDER_SERVER, Sender
 from otel_rl.store.writer import Batch
 
 
-def traces_batch(request: ExportTraceServiceRequest) -> Batch:
-    """The raw-table rows of an ExportTraceServiceRequest."""
-    return flatten.traces_to_tables(request, _now())
+def traces_batch(request: ExportTraceServiceRequest, sender: Sender) -> Batch:
+    """The raw-table rows of an ExportTraceServiceRequest from `sender`."""
+    return flatten.traces_to_tables(request, _now(), sender)
 
 
-def logs_batch(store: Store, request: ExportLogsServiceRequest) -> Batch:
-    """The raw-table rows of an ExportLogsServiceRequest, numbered in the store's arrival order."""
+def logs_batch(store: Store, request: ExportLogsServiceRequest, sender: Sender) -> Batch:
+    """The raw-table rows of an ExportLogsServiceRequest from `sender`, numbered in the store's arrival
+    order."""
     n_records = sum(len(sl.log_records) for rl in request.resource_logs for sl in rl.scope_logs)
-    return flatten.logs_to_tables(request, _now(), store.reserve_log_seqs(n_records))
+    return flatten.logs_to_tables(request, _now(), store.reserve_log_seqs(n_records), sender)
 
 
-def metrics_batch(request: ExportMetricsServiceRequest) -> Batch:
-    """The raw-table rows of an ExportMetricsServiceRequest."""
-    return metrics.metrics_to_tables(request, _now())
+def metrics_batch(request: ExportMetricsServiceRequest, sender: Sender) -> Batch:
+    """The raw-table rows of an ExportMetricsServiceRequest from `sender`."""
+    return metrics.metrics_to_tables(request, _now(), sender)
+
+
+# The server's own records, written in its process (the gateway's tracer): its components vouch for them.
 
 
 def ingest_traces(store: Store, request: ExportTraceServiceRequest) -> IngestResult:
-    """Store an ExportTraceServiceRequest durably (blocks until committed, waits while saturated)."""
-    return store.write(traces_batch(request), "spans")
+    """Store the server's own ExportTraceServiceRequest durably (blocks until committed, waits while
+    saturated)."""
+    return store.write(traces_batch(request, SENDER_SERVER), "spans")
 
 
 def ingest_logs(store: Store, request: ExportLogsServiceRequest) -> IngestResult:
-    """Store an ExportLogsServiceRequest durably (blocks until committed)."""
-    return store.write(logs_batch(store, request), "logs")
+    """Store the server's own ExportLogsServiceRequest durably (blocks until committed)."""
+    return store.write(logs_batch(store, request, SENDER_SERVER), "logs")
 
 
 def ingest_metrics(store: Store, request: ExportMetricsServiceRequest) -> IngestResult:
-    """Store an ExportMetricsServiceRequest durably (blocks until committed)."""
-    return store.write(metrics_batch(request), "metric_points")
+    """Store the server's own ExportMetricsServiceRequest durably (blocks until committed)."""
+    return store.write(metrics_batch(request, SENDER_SERVER), "metric_points")
 
 
 def _now() -> datetime:

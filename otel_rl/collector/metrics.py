@@ -10,7 +10,7 @@ from google.protobuf.message import Message
 from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceRequest
 
 from otel_rl.collector.flatten import content_key, hex_or_none, kv_dict, kv_json, record_hasher
-from otel_rl.store.layout import METRIC_POINTS, rows_table
+from otel_rl.store.layout import METRIC_POINTS, Sender, rows_table
 
 MetricPointRow = METRIC_POINTS.row
 
@@ -60,8 +60,10 @@ def _point_fields(kind: str, p: Message) -> tuple:
     return None, p.count, total, low, high, whole
 
 
-def metrics_to_tables(req: ExportMetricsServiceRequest, received_at: datetime) -> dict[str, pa.Table]:
-    """ExportMetricsServiceRequest -> {"metric_points": ...}: one row per data point."""
+def metrics_to_tables(
+    req: ExportMetricsServiceRequest, received_at: datetime, sender: Sender
+) -> dict[str, pa.Table]:
+    """ExportMetricsServiceRequest from `sender` -> {"metric_points": ...}: one row per data point."""
     rows: list[MetricPointRow] = []
     for rm in req.resource_metrics:
         resource = rm.resource
@@ -107,4 +109,4 @@ def metrics_to_tables(req: ExportMetricsServiceRequest, received_at: datetime) -
                             scope_schema_url=sm.schema_url or None,
                         )
                     )
-    return {"metric_points": rows_table(METRIC_POINTS, rows, received_at)}
+    return {"metric_points": rows_table(METRIC_POINTS, rows, received_at, sender)}

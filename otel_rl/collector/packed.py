@@ -9,7 +9,7 @@ import pyarrow as pa
 
 from otel_rl.attributes import PROMPT_TOKEN_IDS
 from otel_rl.collector.limits import choice_index, is_index
-from otel_rl.store.layout import CALL_TOKENS, received_at_array
+from otel_rl.store.layout import CALL_TOKENS, Sender, per_batch_arrays
 
 
 class PackedTokens:
@@ -72,8 +72,9 @@ def _nested_list_array(
     return pa.ListArray.from_arrays(pa.array(offsets), inner, mask=mask if mask.true_count else None)
 
 
-def call_tokens_table(packed: list[PackedTokens], received_at: datetime) -> pa.Table:
-    """call_tokens rows for the spans that carried packed token attributes (received with them)."""
+def call_tokens_table(packed: list[PackedTokens], received_at: datetime, sender: Sender) -> pa.Table:
+    """call_tokens rows for the spans that carried packed token attributes (received with them, from the
+    same sender)."""
     n_choices = [max([*t.choice_ids, *t.choice_logprobs], default=-1) + 1 for t in packed]
     arrays = [
         pa.array([t.trace_id for t in packed], type=pa.string()),
@@ -81,6 +82,6 @@ def call_tokens_table(packed: list[PackedTokens], received_at: datetime) -> pa.T
         _list_array([t.prompt for t in packed], "<i4", pa.int32()),
         _nested_list_array([t.choice_ids for t in packed], n_choices, "<i4", pa.int32()),
         _nested_list_array([t.choice_logprobs for t in packed], n_choices, "<f4", pa.float32()),
-        received_at_array(received_at, len(packed)),
+        *per_batch_arrays(received_at, sender, len(packed)),
     ]
     return pa.Table.from_arrays(arrays, schema=CALL_TOKENS.schema)

@@ -15,6 +15,7 @@ from otel_rl.auth import Auth, admin_required
 from otel_rl.collector.ingest import logs_batch
 from otel_rl.input_rules import MAX_ID_CHARS, IdValue, RewardValue
 from otel_rl.store import Saturated, Store, StoreUnavailable
+from otel_rl.store.layout import SENDER_ADMIN
 
 REWARDS_SCOPE = "otel_rl.rewards_api"
 MAX_EXPLANATION_CHARS = 64 * 1024  # a grader's reasons; more is not an explanation
@@ -94,7 +95,7 @@ def rewards_router(store: Store, auth: Auth) -> APIRouter:
         dependencies=[Depends(admin_required(auth))],
     )
     async def post_reward(reward: RewardIn) -> dict:
-        batch = logs_batch(store, reward_log_request(reward, now_ns=time.time_ns()))
+        batch = logs_batch(store, reward_log_request(reward, now_ns=time.time_ns()), SENDER_ADMIN)
         try:
             await asyncio.wrap_future(store.submit(batch))
         except (Saturated, StoreUnavailable) as exc:

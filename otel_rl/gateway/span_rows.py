@@ -26,7 +26,7 @@ from opentelemetry.trace import INVALID_SPAN_CONTEXT, SpanContext, SpanKind, Sta
 from otel_rl.attributes import GATEWAY_SCOPE
 from otel_rl.collector.flatten import PackedTokens, SpanRow, call_tokens_table, is_content_attribute
 from otel_rl.gateway.recording import CallRecord, call_attributes, span_name, token_arrays
-from otel_rl.store.layout import SPANS, rows_table
+from otel_rl.store.layout import SENDER_SERVER, SPANS, rows_table
 from otel_rl.store.writer import Saturated, StoreClosed, StoreUnavailable
 
 log = logging.getLogger(__name__)
@@ -165,7 +165,10 @@ class CallSpanWriter:
         if not rows:
             return
         now = datetime.now(UTC)
-        batch = {"spans": rows_table(SPANS, rows, now), "call_tokens": call_tokens_table(tokens, now)}
+        batch = {
+            "spans": rows_table(SPANS, rows, now, SENDER_SERVER),
+            "call_tokens": call_tokens_table(tokens, now, SENDER_SERVER),
+        }
         try:
             while True:
                 try:

@@ -15,6 +15,7 @@ from prometheus_client.core import Metric
 from prometheus_client.registry import Collector
 
 from otel_rl import attributes as attr
+from otel_rl.store.layout import VOUCHED_SENDERS
 
 STEP_PHASES = ("collect", "transform", "train", "save", "reload")  # a step's wall time, in order
 # Eval names come from the run's config (eval.harnesses): a handful. More would be a mistake, not a need.
@@ -84,7 +85,13 @@ class TrainingMetrics(Collector):
         """Take the training records among a stored batch of spans (cheap when, as usual, there are none)."""
         if not spans.num_rows:
             return
-        mine = spans.filter(pc.equal(spans.column("scope_name"), attr.TRAIN_SCOPE))
+        # the trainer's scope from a sender the server vouches for: a rollout key's spans are no steps
+        mine = spans.filter(
+            pc.and_(
+                pc.equal(spans.column("scope_name"), attr.TRAIN_SCOPE),
+                pc.is_in(spans.column("sender"), pa.array(VOUCHED_SENDERS)),
+            )
+        )
         for name, attributes, received in zip(
             mine.column("name").to_pylist(),
             mine.column("attributes").to_pylist(),

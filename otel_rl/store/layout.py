@@ -1,7 +1,8 @@
 """The raw tables' layouts, each column defined once: the DuckDB DDL, the Arrow schema producers build and the
 row type they build it from all derive from the definitions here.
 
-Raw tables hold every field an exporter sends, one row per span / log record / metric data point. JSON
+Raw tables hold every field an exporter sends, one row per span / log record / metric data point, and who
+sent it (`sender`: which credential, set by the server, never by the sender). JSON
 columns hold OTLP key-value lists as objects ({"key": value}); AnyValue maps to JSON (string, bool, int,
 double, array, kvlist -> object, bytes -> base64 string). Timestamps are kept as the exporter sent them
 (unsigned nanoseconds since the epoch; an end before its start is stored as the start).
@@ -12,6 +13,7 @@ from __future__ import annotations
 from collections import namedtuple
 from dataclasses import dataclass
 from datetime import datetime
+from typing import Literal
 
 import pyarrow as pa
 
@@ -20,6 +22,15 @@ import pyarrow as pa
 # store's insert.
 JSON = pa.json_()
 RECEIVED_AT = pa.timestamp("us", tz="UTC")
+# Who vouches for a raw row (docs/security.md "What only the server vouches for"): the server's own components
+# in its process (the gateway's call spans), a sender holding the admin token (the controller, the trainer,
+# graders, /v1/rewards), or a harness holding a rollout key. Only the first two are read as exact tokens,
+# statuses and trainer steps; a rollout key's rows are its claims.
+Sender = Literal["server", "admin", "rollout"]
+SENDER_SERVER: Sender = "server"
+SENDER_ADMIN: Sender = "admin"
+SENDER_ROLLOUT: Sender = "rollout"
+VOUCHED_SENDERS: tuple[Sender, ...] = (SENDER_SERVER, SENDER_ADMIN)
 _DUCKDB_TYPES = {
     pa.string(): "VARCHAR",
     JSON: "JSON",
@@ -73,7 +84,7 @@ class Layout:
 
     @property
     def built(self) -> tuple[Column, ...]:
-        """The columns producers build, received_at last."""
+        """The columns producers build, received_at and sender last."""
         return tuple(column for column in self.columns if not column.by_store)
 
     @property
@@ -83,7 +94,8 @@ class Layout:
 
     @property
     def row(self) -> type:
-        """The row type producers fill by name: every built column but received_at (set per batch)."""
+        """The row type producers fill by name: every built column but received_at and sender (set per
+        batch)."""
         return _row_type(self)
 
     def ddl(self) -> str:
@@ -107,27 +119,28 @@ class Layout:
 
 
 _ROW_TYPES: dict[str, type] = {}
+_PER_BATCH = ("received_at", "sender")
 
 
 def _row_type(layout: Layout) -> type:
     if layout.table not in _ROW_TYPES:
-        names = [column.name for column in layout.built if column.name != "received_at"]
+        names = [column.name for column in layout.built if column.name not in _PER_BATCH]
         _ROW_TYPES[layout.table] = namedtuple(layout.table.title().replace("_", "") + "Row", names)
     return _ROW_TYPES[layout.table]
 
 
-def rows_table(layout: Layout, rows: list[tuple], received_at: datetime) -> pa.Table:
-    """The Arrow table of `rows` (each a `layout.row`), all received at `received_at`."""
+def rows_table(layout: Layout, rows: list[tuple], received_at: datetime, sender: Sender) -> pa.Table:
+    """The Arrow table of `rows` (each a `layout.row`), all received at `received_at` from `sender`."""
     schema = layout.schema
-    columns = zip(*rows, strict=True) if rows else [()] * (len(schema) - 1)
+    columns = zip(*rows, strict=True) if rows else [()] * (len(schema) - len(_PER_BATCH))
     arrays = [_array(values, field.type) for values, field in zip(columns, schema, strict=False)]
-    arrays.append(received_at_array(received_at, len(rows)))
+    arrays += per_batch_arrays(received_at, sender, len(rows))
     return pa.Table.from_arrays(arrays, schema=schema)
 
 
-def received_at_array(received_at: datetime, n: int) -> pa.Array:
-    """The received_at column of n rows received together."""
-    return pa.repeat(pa.scalar(received_at, type=RECEIVED_AT), n)
+def per_batch_arrays(received_at: datetime, sender: Sender, n: int) -> list[pa.Array]:
+    """The received_at and sender columns of n rows received together."""
+    return [pa.repeat(pa.scalar(received_at, type=RECEIVED_AT), n), pa.repeat(pa.scalar(sender), n)]
 
 
 def _array(values: object, type_: pa.DataType) -> pa.Array:
@@ -139,6 +152,15 @@ def _array(values: object, type_: pa.DataType) -> pa.Array:
 
 def _received_at() -> Column:
     return Column("received_at", RECEIVED_AT, "when the server received the export (its clock)")
+
+
+def _sender() -> Column:
+    return Column(
+        "sender",
+        pa.string(),
+        "who sent the row, as the server authenticated it: server (its own components), admin (the admin"
+        " token), rollout (a rollout key: the harness's claims); NULL for rows stored before it was recorded",
+    )
 
 
 def _commit_seq() -> Column:
@@ -206,6 +228,7 @@ SPANS = Layout(
         *_origin(),
         _received_at(),
         _commit_seq(),
+        _sender(),
     ),
     key=("trace_id", "span_id"),
     sent_time="start_time_unix_nano",
@@ -225,6 +248,7 @@ CALL_TOKENS = Layout(
         ),
         Column("received_at", RECEIVED_AT, "as its span's"),
         _commit_seq(),
+        _sender(),
     ),
     key=("trace_id", "span_id"),
 )
@@ -253,6 +277,7 @@ LOGS = Layout(
         *_origin(),
         _received_at(),
         _commit_seq(),
+        _sender(),
     ),
     key=("content_key",),
     sent_time="time_unix_nano",
@@ -282,6 +307,7 @@ METRIC_POINTS = Layout(
         Column("point", JSON, "the whole data point (buckets, quantiles, exemplars, flags)"),
         *_origin(dropped_resource=False),
         _received_at(),
+        _sender(),
     ),
     key=("content_key",),
     sent_time="time_unix_nano",

@@ -17,6 +17,7 @@ from otel_rl.train.records import EvalRecord, RunRecorder, format_eval
 from otel_rl.train.resume import OnlineState
 from otel_rl.train.server_client import ServerClient
 from otel_rl.train.tasks import Task
+from otel_rl.transforms.rewards import outcome_rewards
 
 
 class Evaluator:
@@ -67,9 +68,19 @@ class Evaluator:
         results = await asyncio.gather(*(runner.run_rollout(rollout) for rollout in rollouts))
         _, seen = await await_in_store(self.client, results)
         rows = self.client.query(
-            f"SELECT outcome_reward FROM rollouts WHERE group_id = '{group_id}'", after_commit=seen
+            f"SELECT rollout_id FROM rollouts WHERE group_id = '{group_id}'", after_commit=seen
         )
-        rewards = rows["outcome_reward"].fill_null(0.0)  # no reward (the harness failed): a failure
+        # the reward training uses (its trusted sources and rule), not whatever the harness reported
+        given = outcome_rewards(
+            self.client.query(
+                "SELECT * FROM rewards WHERE rollout_id IN"
+                f" (SELECT rollout_id FROM rollouts WHERE group_id = '{group_id}')",
+                after_commit=seen,
+            ),
+            self.config.reward.spec(),
+        )
+        rows = rows.join(given, on="rollout_id", how="left")
+        rewards = rows["reward"].fill_null(0.0)  # no trusted reward (the harness failed): a failure
         record = EvalRecord(
             name=name,
             step=step,

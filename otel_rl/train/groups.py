@@ -12,6 +12,7 @@ import polars as pl
 
 from otel_rl import attributes as attr
 from otel_rl.query import sql_list
+from otel_rl.store.layout import VOUCHED_SENDERS
 from otel_rl.train.server_client import OnlineTrainingError
 
 if TYPE_CHECKING:
@@ -96,7 +97,11 @@ def reusable_groups(
 
 
 # The loop reads the controller's and the gateway's spans directly where it needs one attempt's facts
-# (the `rollouts` view has one row per rollout) or only a few fields cheaply, while rollouts run.
+# (the `rollouts` view has one row per rollout) or only a few fields cheaply, while rollouts run: only those
+# the server vouches for (`sender`, set at ingest), since a rollout key can send spans in any scope; the
+# latest by the server's receive order (`commit_seq`), never by a sender's clock.
+_VOUCHED = f"sender IN {sql_list(VOUCHED_SENDERS)}"
+_RECEIVED = "(commit_seq, start_time_unix_nano)"  # spans of one commit by their start
 
 
 def attempt_progress_sql(attempt_ids: Sequence[str], since_ns: int) -> str:
@@ -109,7 +114,7 @@ def attempt_progress_sql(attempt_ids: Sequence[str], since_ns: int) -> str:
         f"min(TRY_CAST(attributes ->> '{attr.POLICY_VERSION}' AS INTEGER)) "
         f"FILTER (WHERE scope_name = '{attr.GATEWAY_SCOPE}') AS policy_version "
         f"FROM spans WHERE start_time_unix_nano >= {since_ns} "
-        f"AND scope_name IN ('{attr.CONTROLLER_SCOPE}', '{attr.GATEWAY_SCOPE}') "
+        f"AND scope_name IN ('{attr.CONTROLLER_SCOPE}', '{attr.GATEWAY_SCOPE}') AND {_VOUCHED} "
         f"AND attributes ->> '{attr.ATTEMPT_ID}' IN {sql_list(attempt_ids)} GROUP BY 1"
     )
 
@@ -120,13 +125,13 @@ def final_attempts_sql(group_ids: Sequence[str], since_ns: int | None = None) ->
     started = f"AND start_time_unix_nano >= {since_ns} " if since_ns is not None else ""
     return (
         f"SELECT attributes ->> '{attr.ROLLOUT_ID}' AS rollout_id, "
-        f"arg_max(attributes ->> '{attr.ATTEMPT_ID}', start_time_unix_nano) AS final_attempt, "
+        f"arg_max(attributes ->> '{attr.ATTEMPT_ID}', {_RECEIVED}) AS final_attempt, "
         f"any_value(attributes ->> '{attr.GROUP_ID}') AS group_id, "
         f"any_value(attributes ->> '{attr.TASK_ID}') AS task_id, "
-        f"arg_max(attributes ->> '{attr.ROLLOUT_STATUS}', start_time_unix_nano) AS status, "
+        f"arg_max(attributes ->> '{attr.ROLLOUT_STATUS}', {_RECEIVED}) AS status, "
         "max(start_time_unix_nano) AS attempt_start_ns "
         f"FROM spans WHERE scope_name = '{attr.CONTROLLER_SCOPE}' AND name = '{attr.ROLLOUT_SPAN_NAME}' "
-        f"{started}AND attributes ->> '{attr.GROUP_ID}' IN {sql_list(group_ids)} GROUP BY 1"
+        f"AND {_VOUCHED} {started}AND attributes ->> '{attr.GROUP_ID}' IN {sql_list(group_ids)} GROUP BY 1"
     )
 
 

@@ -7,6 +7,8 @@ from datetime import datetime
 from pydantic import BaseModel, Field
 
 from otel_rl import attributes as attr
+from otel_rl.query import sql_list
+from otel_rl.store.layout import VOUCHED_SENDERS
 
 MAX_ID_CHARS = 256  # rollout, group, task and run ids; longer is not an id (HTTP 422)
 ROLLOUT_COLUMNS = (
@@ -158,19 +160,21 @@ def rollout_rewards_sql(rollout_id: str) -> str:
     )
 
 
+# The trainer's records and the gateway's reloads: from a sender the server vouches for (a rollout key's
+# spans of the same scope and name are a harness's claims, never steps or reloads).
+_VOUCHED = f"sender IN {sql_list(VOUCHED_SENDERS)}"
+_TRAINER = f"scope_name = {literal(attr.TRAIN_SCOPE)} AND {_VOUCHED}"
+
+
 def _train_spans(name: str, run_id: str | None) -> str:
     run = f"attributes ->> {literal(attr.TRAIN_RUN_ID)}"
-    # the latest run when none is named: the one whose last record is newest
+    # the latest run when none is named: the one whose last record the server received last
     chosen = (
         literal(run_id)
         if run_id
-        else f"(SELECT arg_max({run}, start_time_unix_nano) FROM spans"
-        f" WHERE scope_name = {literal(attr.TRAIN_SCOPE)})"
+        else f"(SELECT arg_max({run}, (commit_seq, start_time_unix_nano)) FROM spans WHERE {_TRAINER})"
     )
-    return (
-        f"FROM spans WHERE scope_name = {literal(attr.TRAIN_SCOPE)} AND name = {literal(name)}"
-        f" AND {run} = {chosen}"
-    )
+    return f"FROM spans WHERE {_TRAINER} AND name = {literal(name)} AND {run} = {chosen}"
 
 
 def _figure(name: str, prefix: str = attr.TRAIN_PREFIX) -> str:
@@ -185,7 +189,7 @@ def training_runs_sql() -> str:
         f" count(*) FILTER (WHERE name = {literal(attr.TRAIN_EVAL_SPAN_NAME)}) AS evals,"
         " (min(start_time_unix_nano) // 1000000)::BIGINT AS started_ms,"
         " (max(end_time_unix_nano) // 1000000)::BIGINT AS last_ms"
-        f" FROM spans WHERE scope_name = {literal(attr.TRAIN_SCOPE)} GROUP BY 1 ORDER BY last_ms DESC"
+        f" FROM spans WHERE {_TRAINER} GROUP BY 1 ORDER BY last_ms DESC"
     )
 
 
@@ -228,7 +232,8 @@ def reloads_sql(since_ms: int | None) -> str:
         f"SELECT TRY_CAST(attributes ->> {literal(attr.POLICY_VERSION)} AS INTEGER) AS policy_version,"
         f" {phases},"
         " status_code = 2 AS failed, (start_time_unix_nano // 1000000)::BIGINT AS time_ms"
-        f" FROM spans WHERE name = {literal(attr.RELOAD_SPAN_NAME)}{since} ORDER BY start_time_unix_nano"
+        f" FROM spans WHERE name = {literal(attr.RELOAD_SPAN_NAME)} AND {_VOUCHED}{since}"
+        " ORDER BY start_time_unix_nano"
     )
 
 
