@@ -67,3 +67,15 @@ def test_without_the_plain_data_guard_the_always_equal_canary_scores_1_and_the_t
     result = validate(task_set, task, limits=LIMITS)
     assert not result.valid
     assert result.reasons == ["canary always_equal scores 1: its tests are too weak"]
+
+
+def test_the_build_never_deletes_a_folder_it_did_not_make(tmp_path: Path) -> None:
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "thesis.tex").write_text("precious")
+    done = subprocess.run(
+        [OTEL_RL, "tasks", "build", "humaneval", "--out", str(tmp_path / "mine.jsonl")],
+        capture_output=True,
+        text=True,
+    )
+    assert done.returncode == 2 and "holds other files" in done.stderr
+    assert (tmp_path / "mine" / "thesis.tex").read_text() == "precious"

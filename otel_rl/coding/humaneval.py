@@ -2,6 +2,7 @@
 
 import hashlib
 import json
+import re
 import shutil
 import tempfile
 from importlib import metadata
@@ -114,6 +115,9 @@ def build(out: Path, *, limit: int | None = None) -> Path:
     card (`<out stem>.card.md`). The output is the same bytes on every run: nothing here is random."""
     repos = out.parent / out.stem
     if repos.exists():
+        # A rebuild replaces its own repositories, never a folder of the user's that happens to have the name.
+        if any(not re.fullmatch(r"HumanEval_\d+", entry.name) for entry in repos.iterdir()):
+            raise RuntimeError(f"{repos} exists and holds other files: choose another --out")
         shutil.rmtree(repos)
     problems = read_problems()[:limit]
     lines = []
