@@ -235,3 +235,34 @@ def test_an_export_whose_where_matches_no_rollout_says_so(rollouts, tmp_path):
     )
     assert result.returncode == 1
     assert "error: no samples written: no rollout matches --where" in result.stderr
+
+
+def test_offline_training_that_keeps_no_rollout_exits_1_naming_the_setting_that_would(
+    rollouts, tmp_path, tiny_model_dir
+):
+    server, ids = rollouts
+    config = tmp_path / "train.yaml"
+    config.write_text(
+        f"model: {tiny_model_dir}\noutput_dir: {tmp_path / 'run'}\nsteps: 1\n"
+        f"server: {{url: {server.http_url}, token: {server.token}}}\n"
+    )
+    result = subprocess.run(
+        [
+            OTEL_RL,
+            "train",
+            "--config",
+            str(config),
+            "--offline",
+            "--where",
+            f"rollout_id = '{ids['harness']}'",
+        ],
+        capture_output=True,
+        text=True,
+        env=os.environ | WIDE,
+        timeout=300,
+    )
+    assert result.returncode == 1, result.stdout + result.stderr
+    output = " ".join((result.stdout + result.stderr).split())
+    assert "error: no usable samples among the rollouts where" in output
+    assert "untrusted_reward: 1" in output and 'trust them with reward.trusted_sources: ["harness"]' in output
+    assert not (tmp_path / "run").exists() or not any((tmp_path / "run").glob("step-*"))
