@@ -7,10 +7,10 @@ from datetime import datetime
 from pydantic import BaseModel, Field
 
 from otel_rl import attributes as attr
+from otel_rl.input_rules import MAX_ID_CHARS  # rollout, group, task and run ids (HTTP 422 if longer)
 from otel_rl.query import sql_list
 from otel_rl.store.layout import VOUCHED_SENDERS
 
-MAX_ID_CHARS = 256  # rollout, group, task and run ids; longer is not an id (HTTP 422)
 ROLLOUT_COLUMNS = (
     "rollout_id",
     "split",
