@@ -23,8 +23,8 @@ if TYPE_CHECKING:  # the store needs DuckDB, which a harness's light install (ot
 TOKEN_FILE = Path(".otel_rl") / "token"
 ROLLOUT_KEY_PREFIX = "orl-rk-"
 MAX_TOKEN_FILE_BYTES = 4096  # a token is a line; anything larger is the wrong file
-# Longer than an attempt should run (the controller's timeout is 10 minutes by default, and it revokes the key
-# when the attempt ends); short enough that a key left in a finished harness's environment dies the same day.
+# Far longer than an attempt's timeout (and the controller revokes the key when the attempt ends); short
+# enough that a key left in a finished harness's environment dies the same day.
 DEFAULT_KEY_LIFETIME_S = 6 * 3600.0
 
 
