@@ -10,6 +10,7 @@ import signal
 import socket
 import threading
 import time
+import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -25,6 +26,8 @@ BODY_TIMEOUT_S = 2.0
 PER_CLIENT = 40
 HALF_REQUEST = b"POST /v1/traces HTTP/1.1\r\nHost: otel-rl\r\nX-Slow: "  # headers that never end
 MARGIN_S = 3.0  # scheduling on a loaded test machine
+QUERY_TIMEOUT_S = 2.0
+QUERY_MARGIN_S = 2.5  # the HTTP round trip and the JSON of a page, on a loaded machine
 
 
 def guarded_server(tmp_path, *flags: str, max_open_files: int | None = None) -> ServerProcess:
@@ -220,3 +223,48 @@ def test_sigterm_under_load_ends_the_server_within_the_shutdown_timeout(tmp_path
             stream.join(10)
     assert code in (0, -signal.SIGTERM), server.log()
     assert took < 2 + 8, f"the server took {took:.1f} s to stop:\n{server.log()}"
+
+
+def test_view_and_sql_queries_under_ingest_load_end_at_the_query_timeout(tmp_path):
+    # Readers waiting for the normalized tables ran the normalizer's rounds themselves, past their limit
+    server = guarded_server(tmp_path, "--query-timeout", str(QUERY_TIMEOUT_S), "--query-concurrency", "1")
+    stop = threading.Event()
+
+    def ingest() -> None:
+        headers = server.auth | {"content-type": "application/x-protobuf"}
+        with httpx.Client(headers=headers, timeout=60) as client:
+            while not stop.is_set():
+                request, _ = spans_request(3000, rollout_ids=[f"load-{uuid.uuid4().hex}"] * 3000)
+                client.post(f"{server.http_url}/v1/traces", content=request.SerializeToString())
+
+    loaders = [threading.Thread(target=ingest) for _ in range(3)]
+    timings: list[tuple[str, int, float]] = []
+
+    def timed(method: str, path: str, **kwargs) -> httpx.Response:
+        started = time.monotonic()
+        response = httpx.request(
+            method, f"{server.http_url}{path}", headers=server.auth, timeout=60, **kwargs
+        )
+        timings.append((path, response.status_code, time.monotonic() - started))
+        return response
+
+    try:
+        seed, _ = spans_request(10, rollout_ids=["seed"] * 10)
+        headers = server.auth | {"content-type": "application/x-protobuf"}
+        httpx.post(f"{server.http_url}/v1/traces", content=seed.SerializeToString(), headers=headers)
+        assert server.scalar("SELECT count(*) FROM rollouts WHERE rollout_id = 'seed'") == 1
+        for loader in loaders:
+            loader.start()
+        until = time.monotonic() + 12
+        while time.monotonic() < until:
+            timed("GET", "/ui/api/rollouts?limit=20")
+            timed("GET", "/ui/api/rollouts/seed")
+            timed("POST", "/v1/query", json={"sql": "SELECT count(*) FROM llm_calls"})
+    finally:
+        stop.set()
+        for loader in loaders:
+            loader.join(60)
+        server.stop()
+    assert {status for _, status, _ in timings} <= {200, 408, 503}, timings
+    slowest = max(timings, key=lambda timing: timing[2])
+    assert slowest[2] < QUERY_TIMEOUT_S + QUERY_MARGIN_S, (slowest, len(timings))

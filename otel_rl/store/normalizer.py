@@ -116,7 +116,7 @@ class Normalizer:
                     return False
                 if not self._broken and self._in_round.acquire(blocking=False):
                     try:
-                        self._round_here()
+                        self._round_here(deadline)
                     finally:
                         self._in_round.release()
                     continue
@@ -174,12 +174,15 @@ class Normalizer:
         with self._in_round:
             self._round_on_cursor(preemptible=True)
 
-    def _round_here(self) -> None:
-        """A round on a waiting reader's thread (the round lock held); a failure is recorded, not raised."""
+    def _round_here(self, deadline: float | None) -> None:
+        """A round on a waiting reader's thread (the round lock held), stopped at the reader's deadline (its
+        query's limit holds however much there is to normalize); a failure is recorded, not raised."""
         if self._committed <= self._through:
             return
         try:
-            self._round_on_cursor(preemptible=False)
+            self._round_on_cursor(preemptible=False, deadline=deadline)
+        except duckdb.InterruptException:
+            return  # past the reader's deadline: the next reader or the background thread goes on
         except Exception as exc:
             self._failed(exc)
 
@@ -189,14 +192,18 @@ class Normalizer:
             with contextlib.suppress(duckdb.Error):  # it ended meanwhile
                 running.interrupt()
 
-    def _round_on_cursor(self, *, preemptible: bool) -> None:
+    def _round_on_cursor(self, *, preemptible: bool, deadline: float | None = None) -> None:
         con, generation = self._cursor()
+        watch_ended = threading.Event()
+        watch = threading.Thread(target=_interrupt_at, args=(con, deadline, watch_ended), daemon=True)
         try:
             if self._fills is None or generation != self._fills_generation:
                 self._fills, errors = normalize.build_scratch(con, self._files)
                 self._fills_generation = generation
                 self._check_fills(errors)
             self._preemptible = con if preemptible else None  # from here on: not while building the scratch
+            if deadline is not None:
+                watch.start()
             since = self._through
             until = self._round_end(con, since)
             try:
@@ -209,6 +216,9 @@ class Normalizer:
                 done = self._normalize(con, since, since + 1)
         finally:
             self._preemptible = None
+            watch_ended.set()
+            if watch.is_alive():
+                watch.join()
             con.close()
         if self.failure is not None:
             log.warning("normalizing works again (after: %s)", self.failure)
@@ -297,6 +307,15 @@ class Normalizer:
             return frozenset(c for (c,) in con.execute(f"SELECT commit_seq FROM {STATE}.skipped").fetchall())
         finally:
             con.close()
+
+
+def _interrupt_at(con: duckdb.DuckDBPyConnection, deadline: float, ended: threading.Event) -> None:
+    """Interrupt `con` from `deadline` on, again at each tick until `ended`: an interrupt stops only the
+    statement running, and a round runs several."""
+    while not ended.wait(PREEMPT_POLL_S):
+        if time.monotonic() >= deadline:
+            with contextlib.suppress(duckdb.Error):
+                con.interrupt()
 
 
 def _not_the_datas_fault(exc: Exception) -> bool:

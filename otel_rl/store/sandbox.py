@@ -115,8 +115,9 @@ class UserQuery:
         self._timeout_s = timeout_s
         self._cursor: duckdb.DuckDBPyConnection | None = None
         self._stopped: QueryInterrupted | None = None
-        # Called in run()'s thread before the statement (the store's wait for its normalized tables).
-        self.before_run: Callable[[], None] | None = None
+        # Called in run()'s thread before the statement with the seconds left of the limit (None: no limit):
+        # the store's wait for its normalized tables, which the limit covers too.
+        self.before_run: Callable[[float | None], None] | None = None
         self._lock = threading.Lock()
 
     def stop(self, reason: QueryInterrupted) -> None:
@@ -128,13 +129,13 @@ class UserQuery:
 
     def run(self) -> pa.Table:
         """The statement's result; ReadOnlyViolation, QueryFailed, QueryInterrupted or ResultTooLarge."""
+        deadline = None if self._timeout_s is None else time.monotonic() + self._timeout_s
         if self.before_run is not None:
-            self.before_run()
+            self.before_run(None if deadline is None else max(0.0, deadline - time.monotonic()))
         with self._lock:
             if self._stopped is not None:
                 raise self._stopped
             self._cursor = own = cursor(self._con)
-        deadline = None if self._timeout_s is None else time.monotonic() + self._timeout_s
         done = threading.Event()
         watchdog = threading.Thread(target=self._watch, args=(own, done, deadline), daemon=True)
         reader = None

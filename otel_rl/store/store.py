@@ -202,7 +202,7 @@ class Store:
         query = UserQuery(
             self._con, sql, max_result_bytes=max_result_bytes, timeout_s=timeout_s, prepare=self._read_archive
         )
-        query.before_run = partial(self._wait_unless_raw, sql, timeout_s, after_commit)
+        query.before_run = partial(self._wait_unless_raw, sql, after_commit=after_commit)
         return query
 
     def seen_through(self) -> int:
