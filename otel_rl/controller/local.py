@@ -21,6 +21,7 @@ from opentelemetry.sdk.trace.export import BatchSpanProcessor
 from opentelemetry.trace import Span, Status, StatusCode
 
 from otel_rl import attributes as attr
+from otel_rl.controller import defaults
 from otel_rl.controller.environment import (
     base_environment,
     harness_argv,
@@ -99,9 +100,10 @@ class ControllerSettings:
     """How harnesses are run: command, limits, retries (the `rollouts` section of a training config)."""
 
     command: str | Sequence[str]  # a string runs through /bin/sh -c; `{task}` is replaced by the task JSON
-    concurrency: int = 8
-    timeout_s: float = 600.0
-    max_attempts: int = 2  # attempts per rollout, counting retries of timeouts, crashes and infra errors
+    concurrency: int = defaults.CONCURRENCY
+    timeout_s: float = defaults.TIMEOUT_S
+    # attempts per rollout, counting retries of timeouts, crashes and infra errors
+    max_attempts: int = defaults.MAX_ATTEMPTS
     kill_grace_s: float = 5.0  # SIGTERM → SIGKILL delay when a timeout kills the process group
     log_dir: Path = Path(".otel_rl/rollouts")
     env: Mapping[str, str] = field(default_factory=dict)  # extra variables for every harness

@@ -6,6 +6,7 @@ from typing import TYPE_CHECKING, Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from otel_rl.controller import defaults
 from otel_rl.controller.backends import ControllerSection
 
 if TYPE_CHECKING:
@@ -90,9 +91,12 @@ class OnlineSettings(_Section):
     tasks: Path | None = None  # JSONL, one task per line
     harness: str | list[str] | None = None  # run once per rollout: argv, or a string for /bin/sh -c
     env: dict[str, str] = {}  # extra environment for every harness process
-    concurrency: int = Field(16, ge=1)
-    timeout_s: float = Field(120.0, gt=0)  # per rollout; the whole process group is killed after it
-    max_attempts: int = Field(3, ge=1)  # infrastructure failures are retried as new attempts
+    # The controller's defaults (one definition: otel_rl/controller/defaults.py)
+    concurrency: int = Field(defaults.CONCURRENCY, ge=1)
+    # per rollout; the whole process group is killed after it
+    timeout_s: float = Field(defaults.TIMEOUT_S, gt=0)
+    # infrastructure failures are retried as new attempts
+    max_attempts: int = Field(defaults.MAX_ATTEMPTS, ge=1)
     # Python harnesses: modules a fork server imports once, each rollout then forked from it (warm start)
     preload: list[str] = []
     nice: int = Field(0, ge=0, le=19)  # harnesses' scheduling priority: above 0 the trainer goes first
