@@ -89,11 +89,17 @@ function callCard(call, index, tools) {
   );
 }
 
+function bySource(rewards) {
+  return rewards ? Object.entries(rewards).map(([source, value]) => `${source}: ${value}`).join(", ") : null;
+}
+
 export async function rolloutPage(main, id) {
   const data = await getJSON(`/ui/api/rollouts/${encodeURIComponent(id)}`);
   const r = data.rollout;
   const facts = [
-    ["status", r.status], ["reward", r.outcome_reward], ["split", r.split], ["group", r.group_id], ["task", r.task_id],
+    // the trusted reward (a grader's), then every source's latest: a harness's self-report shows beside it
+    ["status", r.status], ["reward", r.outcome_reward], ["reward by source", bySource(r.outcome_rewards_by_source)],
+    ["split", r.split], ["group", r.group_id], ["task", r.task_id],
     ["harness", r.service_name], ["attempt", r.attempt_id], ["exit code", r.exit_code], ["started", time(r.started_ms)],
     ["calls", `${r.n_calls} (${r.n_error_calls} failed)`], ["policy versions", r.policy_version_min === null ? null : `${r.policy_version_min}–${r.policy_version_max}`],
   ];
