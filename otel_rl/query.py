@@ -65,11 +65,12 @@ def query(
 
     why_server = "asked for"
     if server is None:
-        from otel_rl.store.partitions import PartitionError, stores
+        from otel_rl.store.partitions import PartitionError, check_stores, stores
 
         named = db if db is not None else os.environ.get("OTEL_RL_DB") or DEFAULT_DB
         try:
             paths = stores([named] if isinstance(named, str | Path) else named)
+            check_stores(paths)  # before anything opens one as a store (which would write into it)
         except PartitionError as exc:
             raise QueryError(str(exc)) from None
         _catch_up(paths)
@@ -99,8 +100,8 @@ def _catch_up(paths: list[Path]) -> None:
     for path in paths:
         try:
             lag = normalized_lag(path) if path.is_file() else None
-        except duckdb.Error as exc:  # e.g. a file a glob matched that is not a DuckDB file at all
-            raise QueryError(f"{path} is not an otel-rl store ({exc}): leave it out of --db") from None
+        except duckdb.Error as exc:  # e.g. a damaged store: one line, as every refusal
+            raise QueryError(f"{path} cannot be read: {exc}") from None
         if not lag:
             continue
         warnings.warn(f"{path}: normalizing {lag} commit(s) first", CatchingUp, stacklevel=3)

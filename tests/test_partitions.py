@@ -8,6 +8,7 @@ import shutil
 import subprocess
 from pathlib import Path
 
+import duckdb
 import polars as pl
 import pytest
 from dated_traffic import days_ago, rows, store_requests, traffic
@@ -174,10 +175,17 @@ def test_a_glob_that_matches_nothing_and_a_write_are_refused(stores) -> None:
         query("SELECT * FROM read_text('/etc/hostname')", db=[stores["a"], stores["b"]])
 
 
-def test_a_glob_matching_a_file_that_is_not_a_store_fails_in_one_line_naming_it(stores, tmp_path) -> None:
+@pytest.mark.parametrize("other", ["a text file", "a DuckDB file of something else"])
+def test_a_glob_matching_a_file_that_is_not_a_store_fails_in_one_line_naming_it(
+    stores, tmp_path, other
+) -> None:
     (tmp_path / "parts").mkdir()
     shutil.copy(stores["b"], tmp_path / "parts" / "b.duckdb")
-    (tmp_path / "parts" / "notes.duckdb").write_text("not a store\n")
+    if other == "a text file":
+        (tmp_path / "parts" / "notes.duckdb").write_text("not a store\n")
+    else:
+        with duckdb.connect(str(tmp_path / "parts" / "notes.duckdb")) as con:
+            con.execute("CREATE TABLE notes AS SELECT 'mine' AS note")
 
     result = subprocess.run(
         [str(OTEL_RL), "sql", "SELECT count(*) AS n FROM spans", "--db", "parts/*.duckdb"],
@@ -191,6 +199,9 @@ def test_a_glob_matching_a_file_that_is_not_a_store_fails_in_one_line_naming_it(
     assert result.returncode == 1
     assert "Traceback" not in result.stderr and len(result.stderr.strip().splitlines()) == 1, result.stderr
     assert result.stderr.startswith("error: parts/notes.duckdb is not an otel-rl store")
+    if other != "a text file":  # not made into a store by being read as one
+        with duckdb.connect(str(tmp_path / "parts" / "notes.duckdb"), read_only=True) as con:
+            assert con.execute("SELECT table_name FROM duckdb_tables()").fetchall() == [("notes",)]
 
 
 def test_a_store_whose_name_holds_glob_characters_is_opened_as_named(stores, tmp_path) -> None:

@@ -24,7 +24,7 @@ import duckdb
 import pyarrow as pa
 
 from otel_rl.store import archive
-from otel_rl.store.connection import CATALOG
+from otel_rl.store.connection import CATALOG, connect
 from otel_rl.store.definitions import NORMALIZED, read_definitions
 from otel_rl.store.sandbox import UserQuery, check_read_only, lock_down
 from otel_rl.store.schema import default_transforms_dir
@@ -55,6 +55,33 @@ def stores(names: Sequence[str | Path]) -> list[Path]:
             found.append(Path(text))
     unique = {path.resolve(): path for path in reversed(found)}
     return [path for path in found if unique[path.resolve()] is path]
+
+
+def check_stores(paths: Sequence[Path]) -> None:
+    """PartitionError naming the first existing file that is not an otel-rl store: not a DuckDB file, or a
+    DuckDB file without the store's `spans` table (reading it as a store would write the store's tables into
+    it). A file held by a running server is left to the server (or to `_attach`'s refusal)."""
+    for path in paths:
+        if not path.is_file():
+            continue
+        try:
+            con = connect(path, read_only=True)
+        except duckdb.Error as exc:
+            if "lock" in str(exc).lower():
+                continue
+            raise PartitionError(f"{path} is not an otel-rl store ({exc}): leave it out of --db") from None
+        try:
+            [(found,)] = con.execute(
+                "SELECT count(*) FROM duckdb_tables() WHERE database_name = ? AND schema_name = 'main'"
+                " AND table_name = 'spans'",
+                [CATALOG],
+            ).fetchall()
+        finally:
+            con.close()
+        if not found:
+            raise PartitionError(
+                f"{path} is not an otel-rl store (a DuckDB file without its tables): leave it out of --db"
+            )
 
 
 def query_stores(paths: Sequence[Path], sql: str) -> tuple[pa.Table, list[str]]:
