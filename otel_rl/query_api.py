@@ -1,11 +1,13 @@
 """POST /v1/query: one read-only SQL statement over the store, answered as an Arrow IPC stream or JSON."""
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import anyio
 import polars as pl
 import pyarrow as pa
-from anyio import to_thread
+from anyio import from_thread, to_thread
 from fastapi import APIRouter, Depends, Header, HTTPException, Request, Response
 from pydantic import BaseModel, Field
 
@@ -48,6 +50,40 @@ class QueryLimits:
     max_concurrent: int = 4
 
 
+class QuerySlots:
+    """The --query-concurrency slots every query path takes: /v1/query's and the web view's. A query waits
+    for one at most QUEUE_WAIT_S, then is refused 429."""
+
+    def __init__(self, limits: QueryLimits) -> None:
+        self._limits = limits
+        self._limiter = anyio.CapacityLimiter(limits.max_concurrent)
+
+    async def acquire(self, holder: object) -> None:
+        try:
+            with anyio.fail_after(QUEUE_WAIT_S):
+                await self._limiter.acquire_on_behalf_of(holder)
+        except TimeoutError:
+            raise HTTPException(
+                429,
+                f"too many queries: {self._limits.max_concurrent} are running (the server's"
+                " --query-concurrency); retry shortly",
+                headers={"Retry-After": "1"},
+            ) from None
+
+    def release(self, holder: object) -> None:
+        self._limiter.release_on_behalf_of(holder)
+
+    @contextmanager
+    def held(self) -> Iterator[None]:
+        """A slot for the block, from a worker thread of the event loop (a synchronous route's)."""
+        holder = object()
+        from_thread.run(self.acquire, holder)
+        try:
+            yield
+        finally:
+            from_thread.run_sync(self.release, holder)
+
+
 class RunningQueries:
     """The queries running now, so that shutdown can stop them instead of waiting for them."""
 
@@ -88,11 +124,11 @@ def json_bytes(table: pa.Table) -> bytes:
     return frame.write_json().encode()
 
 
-def query_router(store: Store, auth: Auth, limits: QueryLimits, running: RunningQueries) -> APIRouter:
+def query_router(
+    store: Store, auth: Auth, limits: QueryLimits, running: RunningQueries, slots: QuerySlots
+) -> APIRouter:
     """The query endpoint (admin token only): a sandboxed statement (store/sandbox.py) within `limits`."""
     router = APIRouter(tags=["query"])
-    # Its own slots: queries must not take the worker threads that exports and the gateway share.
-    slots = anyio.CapacityLimiter(limits.max_concurrent)
 
     @router.post(
         "/v1/query",
@@ -114,7 +150,7 @@ def query_router(store: Store, auth: Auth, limits: QueryLimits, running: Running
             raise HTTPException(400, f"query refused: {exc}") from None
         running.add(query)
         try:
-            table = await _run(query, request, slots, limits)
+            table = await _run(query, request, slots)
         except ReadOnlyViolation as exc:
             raise HTTPException(400, f"query refused: {exc}") from None
         except QueryFailed as exc:
@@ -135,15 +171,13 @@ def query_router(store: Store, auth: Auth, limits: QueryLimits, running: Running
     return router
 
 
-async def _run(
-    query: UserQuery, request: Request, slots: anyio.CapacityLimiter, limits: QueryLimits
-) -> pa.Table:
+async def _run(query: UserQuery, request: Request, slots: QuerySlots) -> pa.Table:
     """Run the query in a worker thread once a slot is free, stopping it if its client goes away."""
     failure: Exception | None = None
     async with anyio.create_task_group() as watchers:
         watchers.start_soon(_stop_when_disconnected, request, query)
         try:
-            table = await _in_slot(query, slots, limits)
+            table = await _in_slot(query, slots)
         except Exception as exc:  # raised below, outside the task group (which would wrap it in a group)
             failure = exc
         watchers.cancel_scope.cancel()
@@ -152,22 +186,14 @@ async def _run(
     return table
 
 
-async def _in_slot(query: UserQuery, slots: anyio.CapacityLimiter, limits: QueryLimits) -> pa.Table:
-    try:
-        with anyio.fail_after(QUEUE_WAIT_S):
-            await slots.acquire()
-    except TimeoutError:
-        raise HTTPException(
-            429,
-            f"too many queries: {limits.max_concurrent} are running (the server's --query-concurrency);"
-            " retry shortly",
-            headers={"Retry-After": "1"},
-        ) from None
+async def _in_slot(query: UserQuery, slots: QuerySlots) -> pa.Table:
+    holder = object()
+    await slots.acquire(holder)
     try:
         # A limiter of its own: the default one (40 threads) is the exports' and the gateway's.
         return await to_thread.run_sync(query.run, limiter=anyio.CapacityLimiter(1))
     finally:
-        slots.release()
+        slots.release(holder)
 
 
 async def _stop_when_disconnected(request: Request, query: UserQuery) -> None:

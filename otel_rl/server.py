@@ -75,7 +75,7 @@ def create_app(settings: ServeSettings):  # noqa: ANN201 - FastAPI, imported laz
     from otel_rl.gateway.routes import CALL_PATHS, COUNT_TOKENS_PATH, ModelCallRoutes, gateway_router
     from otel_rl.observability.exposition import metrics_router, server_metrics
     from otel_rl.observability.http import RequestMetrics
-    from otel_rl.query_api import QueryLimits, RunningQueries, query_router
+    from otel_rl.query_api import QueryLimits, QuerySlots, RunningQueries, query_router
     from otel_rl.response_headers import SecurityHeaders
     from otel_rl.store import Store
     from otel_rl.ui.link import ui_address, ui_link
@@ -152,12 +152,19 @@ def create_app(settings: ServeSettings):  # noqa: ANN201 - FastAPI, imported laz
         max_concurrent=settings.query_concurrency,
     )
     app.state.queries = RunningQueries()
-    app.include_router(query_router(store, auth, limits, app.state.queries))
+    query_slots = QuerySlots(limits)  # the web view's queries take them too
+    app.include_router(query_router(store, auth, limits, app.state.queries, query_slots))
     app.include_router(rewards_router(store, auth))
     app.include_router(archive_router(store, auth))
     ui_tokenizer = settings.tokenizer or settings.model
     app.include_router(
-        ui_router(store, auth, tokenizer_folder=ui_tokenizer, timeout_s=settings.query_timeout_s)
+        ui_router(
+            store,
+            auth,
+            tokenizer_folder=ui_tokenizer,
+            timeout_s=settings.query_timeout_s,
+            slots=query_slots,
+        )
     )
     app.state.gateway = gateway
     app.include_router(gateway_router(gateway))

@@ -268,3 +268,25 @@ def test_view_and_sql_queries_under_ingest_load_end_at_the_query_timeout(tmp_pat
     assert {status for _, status, _ in timings} <= {200, 408, 503}, timings
     slowest = max(timings, key=lambda timing: timing[2])
     assert slowest[2] < QUERY_TIMEOUT_S + QUERY_MARGIN_S, (slowest, len(timings))
+
+
+def test_the_web_views_queries_take_the_same_concurrency_slots_as_sql(tmp_path):
+    server = guarded_server(tmp_path, "--query-timeout", "4", "--query-concurrency", "1")
+    slow = "SELECT sum(a.range * b.range) FROM range(1000000) a, range(1000000) b"  # hours of work
+    holding = threading.Thread(
+        target=httpx.post,
+        args=(f"{server.http_url}/v1/query",),
+        kwargs={"json": {"sql": slow}, "headers": server.auth, "timeout": 30},
+    )
+    try:
+        holding.start()
+        time.sleep(0.5)  # it holds the one slot
+        page = httpx.get(f"{server.http_url}/ui/api/rollouts", headers=server.auth, timeout=30)
+        assert page.status_code == 429 and "--query-concurrency" in page.text, page.text
+        holding.join(30)
+        assert (
+            httpx.get(f"{server.http_url}/ui/api/rollouts", headers=server.auth, timeout=30).status_code
+            == 200
+        )
+    finally:
+        server.stop()

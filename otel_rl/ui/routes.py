@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import io
 import json
+import time
+from collections.abc import Callable
 from enum import StrEnum
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -16,7 +18,7 @@ from fastapi.responses import FileResponse, RedirectResponse, Response
 
 from otel_rl.auth import Auth, admin_required
 from otel_rl.csv_text import csv_text
-from otel_rl.query_api import json_bytes
+from otel_rl.query_api import QuerySlots, json_bytes
 from otel_rl.store import Store
 from otel_rl.store.sandbox import (
     QueryFailed,
@@ -49,15 +51,28 @@ class Format(StrEnum):
 FormatParam = Annotated[Format, Query(description="json, or a download: csv, parquet")]
 
 
-def ui_router(store: Store, auth: Auth, *, tokenizer_folder: Path | None, timeout_s: float) -> APIRouter:
-    """The /ui page and its data; `tokenizer_folder`: a model folder whose tokenizer decodes token ids."""
+def ui_router(
+    store: Store, auth: Auth, *, tokenizer_folder: Path | None, timeout_s: float, slots: QuerySlots
+) -> APIRouter:
+    """The /ui page and its data; `tokenizer_folder`: a model folder whose tokenizer decodes token ids.
+
+    Each request's queries together stay within `timeout_s` (--query-timeout), each in one of `slots`."""
     router = APIRouter(tags=["ui"])
     admin = [Depends(admin_required(auth))]
     tokenizer = Tokenizer(tokenizer_folder)
 
-    def run(sql: str) -> pa.Table:
+    def within() -> float:
+        """The deadline of a request's queries."""
+        return time.monotonic() + timeout_s
+
+    def run(sql: str, deadline: float) -> pa.Table:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise HTTPException(408, f"the page's queries took longer than {timeout_s:g} s (--query-timeout)")
         try:
-            return store.user_query(sql, max_result_bytes=MAX_RESULT_BYTES, timeout_s=timeout_s).run()
+            with slots.held():
+                query = store.user_query(sql, max_result_bytes=MAX_RESULT_BYTES, timeout_s=left)
+                return query.run()
         except (ReadOnlyViolation, QueryFailed) as exc:  # the SQL is ours: a failure here is a server bug
             raise HTTPException(500, f"the view's query failed: {exc}") from None
         except ResultTooLarge as exc:
@@ -67,8 +82,8 @@ def ui_router(store: Store, auth: Auth, *, tokenizer_folder: Path | None, timeou
         except QueryInterrupted as exc:
             raise HTTPException(503, str(exc), headers={"Retry-After": "1"}) from None
 
-    def frame(sql: str) -> pl.DataFrame:
-        return pl.from_arrow(run(sql))
+    def frames(deadline: float) -> Callable[[str], pl.DataFrame]:
+        return lambda sql: pl.from_arrow(run(sql, deadline))
 
     @router.get("/ui", include_in_schema=False)
     def ui_root() -> RedirectResponse:
@@ -91,7 +106,7 @@ def ui_router(store: Store, auth: Auth, *, tokenizer_folder: Path | None, timeou
     def rollouts(
         filters: Annotated[queries.RolloutFilter, Query()], format: FormatParam = Format.json
     ) -> Response:
-        table = run(queries.rollouts_sql(filters))
+        table = run(queries.rollouts_sql(filters), within())
         more = table.num_rows > filters.limit
         table = table.slice(0, filters.limit)
         if format is not Format.json:
@@ -103,15 +118,16 @@ def ui_router(store: Store, auth: Auth, *, tokenizer_folder: Path | None, timeou
 
     @router.get("/ui/api/rollouts/{rollout_id}", dependencies=admin, summary="One rollout and its timeline")
     def rollout(rollout_id: RolloutId) -> dict[str, Any]:
-        found = run(queries.rollout_sql(rollout_id))
+        deadline = within()
+        found = run(queries.rollout_sql(rollout_id), deadline)
         if found.num_rows == 0:
             raise HTTPException(404, f"no rollout {rollout_id!r} in the store")
         return {
             "rollout": rows(found)[0],
-            "calls": rows(run(queries.rollout_calls_sql(rollout_id))),
-            "tools": rows(run(queries.rollout_tools_sql(rollout_id))),
-            "steps": rows(run(queries.rollout_steps_sql(rollout_id))),
-            "rewards": rows(run(queries.rollout_rewards_sql(rollout_id))),
+            "calls": rows(run(queries.rollout_calls_sql(rollout_id), deadline)),
+            "tools": rows(run(queries.rollout_tools_sql(rollout_id), deadline)),
+            "steps": rows(run(queries.rollout_steps_sql(rollout_id), deadline)),
+            "rewards": rows(run(queries.rollout_rewards_sql(rollout_id), deadline)),
         }
 
     @router.get(
@@ -121,7 +137,7 @@ def ui_router(store: Store, auth: Auth, *, tokenizer_folder: Path | None, timeou
     )
     def samples(rollout_id: RolloutId, format: FormatParam = Format.json) -> Response:
         try:
-            inspected = rollout_samples(rollout_id, frame, tokenizer)
+            inspected = rollout_samples(rollout_id, frames(within()), tokenizer)
         except RolloutNotFound as exc:
             raise HTTPException(404, str(exc)) from None
         if format is not Format.json:
@@ -130,24 +146,25 @@ def ui_router(store: Store, auth: Auth, *, tokenizer_folder: Path | None, timeou
 
     @router.get("/ui/api/training/runs", dependencies=admin, summary="The training runs the store recorded")
     def training_runs() -> list[dict[str, Any]]:
-        return rows(run(queries.training_runs_sql()))
+        return rows(run(queries.training_runs_sql(), within()))
 
     @router.get("/ui/api/training/{chart}", dependencies=admin, summary="One chart of the training page")
     def training(chart: TrainingChart, run_id: RunId = None, format: FormatParam = Format.json) -> Response:
+        deadline = within()
         if chart == "steps":
-            table = run(queries.training_steps_sql(run_id))
+            table = run(queries.training_steps_sql(run_id), deadline)
         elif chart == "evals":
-            table = run(queries.training_evals_sql(run_id))
+            table = run(queries.training_evals_sql(run_id), deadline)
         elif chart == "staleness":
-            table = run(queries.staleness_sql(run_id))
+            table = run(queries.staleness_sql(run_id), deadline)
         else:
-            table = run(queries.reloads_sql(run_started_ms(run_id)))
+            table = run(queries.reloads_sql(run_started_ms(run_id, deadline)), deadline)
         if format is not Format.json:
             return download(table, f"training-{chart}", format)
         return Response(json_bytes(table), media_type="application/json")
 
-    def run_started_ms(run_id: str | None) -> int | None:
-        runs = rows(run(queries.training_runs_sql()))
+    def run_started_ms(run_id: str | None, deadline: float) -> int | None:
+        runs = rows(run(queries.training_runs_sql(), deadline))
         chosen = [r for r in runs if r["run_id"] == run_id] if run_id else runs[:1]
         return chosen[0]["started_ms"] if chosen else None
 
