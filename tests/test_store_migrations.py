@@ -39,6 +39,42 @@ def test_a_store_made_before_call_tokens_had_received_at_gets_it_from_the_spans(
         assert store.query_arrow("SELECT count(received_at) AS n FROM call_tokens")["n"][0].as_py() == 4
 
 
+def test_a_store_made_before_senders_were_recorded_opens_and_vouches_for_none_of_its_old_rows(
+    tmp_path,
+) -> None:
+    db = tmp_path / "store.duckdb"
+    with Store(db) as store:
+        ingest(store, "r-old", "g-1", time.time_ns())
+    con = duckdb.connect(str(db))
+    for table in ("spans", "call_tokens", "logs", "metric_points"):
+        con.execute(f"ALTER TABLE {table} DROP COLUMN sender")
+    con.execute("DROP SCHEMA normalized CASCADE")  # normalized by the earlier version's views
+    con.execute("DELETE FROM view_sources")
+    con.close()
+
+    with Store(db) as store:
+        ingest(store, "r-new", "g-1", time.time_ns())  # the server's own rows, as the gateway writes them
+        store.wait_normalized(timeout_s=60)
+        senders = store.query_arrow(
+            "SELECT attributes ->> 'otel_rl.rollout.id' AS rollout_id, list(DISTINCT sender) AS senders"
+            " FROM spans GROUP BY 1 ORDER BY 1"
+        ).to_pylist()
+        assert senders == [
+            {"rollout_id": "r-new", "senders": ["server"]},
+            {"rollout_id": "r-old", "senders": [None]},
+        ]
+        # no one vouches for rows stored before: their token ids are not exact, their calls not the gateway's
+        calls = store.query_arrow(
+            "SELECT rollout_id, count(*) FILTER (dialect = 'gateway') AS gateway,"
+            " count(prompt_token_ids) AS exact FROM llm_calls GROUP BY 1 ORDER BY 1"
+        ).to_pylist()
+        assert calls == [
+            {"rollout_id": "r-new", "gateway": 2, "exact": 2},
+            {"rollout_id": "r-old", "gateway": 0, "exact": 0},
+        ]
+    assert differences(db) == {name: (0, 0) for name in NORMALIZED}
+
+
 def test_a_store_made_before_the_normalized_tables_numbers_its_rows_and_normalizes_them(tmp_path) -> None:
     db = tmp_path / "store.duckdb"
     start = time.time_ns()
