@@ -9,6 +9,7 @@ import time
 import uuid
 from pathlib import Path
 
+import httpx
 import polars as pl
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
@@ -92,6 +93,18 @@ def test_a_forged_gateway_call_never_becomes_exact_tokens_or_a_sample(otel_rl_se
         {"rollout_id": r, "dialect": "gateway", "sender": "admin", "prompt_token_ids": [1, 2, 3]}
         for r in genuine
     ]
+
+    # the token inspector shows the genuine calls' tokens as exact, and none of the forgery's
+    inspected = {
+        rollout_id: httpx.get(
+            f"{otel_rl_server.http_url}/ui/api/rollouts/{rollout_id}/samples",
+            headers=otel_rl_server.auth,
+            timeout=60,
+        ).json()
+        for rollout_id in (genuine[0], forged)
+    }
+    assert [segment["token_source"] for segment in inspected[genuine[0]]["segments"]] == ["exact"]
+    assert inspected[forged]["segments"] == []
 
     out = tmp_path / "samples.parquet"
     args = ["export", "samples", "--server", otel_rl_server.http_url, "--token", otel_rl_server.token]
