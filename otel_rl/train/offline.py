@@ -3,6 +3,7 @@
 import json
 import random
 import time
+import uuid
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -11,8 +12,10 @@ import polars as pl
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+from otel_rl import attributes as attr
 from otel_rl.train.backend import TrainerBackend, make_trainer
 from otel_rl.train.config import TrainConfig
+from otel_rl.train.records import RunRecorder, UpdateRecord
 
 METRICS_FILE = "metrics.jsonl"  # in output_dir: one JSON object per step
 
@@ -63,15 +66,41 @@ def group_batches(samples: pl.DataFrame, groups_per_step: int, seed: int) -> Ite
             yield samples.filter(group.is_in(groups[start : start + size]))
 
 
+def step_recorder(config: TrainConfig, console: Console, mode: str) -> RunRecorder | None:
+    """A recorder of this run's updates as step spans on the server (run id `<mode>-<random>`), so that the
+    training page of the web view shows offline and SFT runs too; None (said) if no server takes the token."""
+    import httpx
+
+    from otel_rl.train.config import ConfigError
+    from otel_rl.train.server_client import server_token
+
+    url = config.server.url
+    try:
+        token = server_token(config)
+        # an admin route: answers 200 only to the admin token, so steps never go to a server that refuses them
+        headers = {"Authorization": f"Bearer {token}"}
+        httpx.get(f"{url.rstrip('/')}/ui/api/training/runs", headers=headers, timeout=5).raise_for_status()
+    except (ConfigError, httpx.HTTPError) as error:
+        console.print(
+            f"[yellow]not recording the steps on the server ({url}: {error}): metrics.jsonl only[/]"
+        )
+        return None
+    run_id = f"{mode}-{uuid.uuid4().hex[:12]}"
+    console.print(f"run {run_id}: its steps are on the web view's training page ({url}/ui#/training)")
+    return RunRecorder(url, token, run_id)
+
+
 def train_loop(
     config: TrainConfig,
     trainer: TrainerBackend,
     step: Callable[[], dict[str, float]],
     console: Console,
     label: str,
+    recorder: RunRecorder | None = None,
 ) -> Path:
-    """Run `step` `config.steps` times with a progress bar; metrics to output_dir/metrics.jsonl; checkpoints
-    to output_dir/step-N every `save_every` steps and after the last. Returns the last checkpoint."""
+    """Run `step` `config.steps` times with a progress bar; metrics to output_dir/metrics.jsonl (and, with a
+    recorder, each update as a step span on the server); checkpoints to output_dir/step-N every `save_every`
+    steps and after the last. Returns the last checkpoint."""
     config.output_dir.mkdir(parents=True, exist_ok=True)
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
     checkpoint = config.output_dir / "step-0"
@@ -81,9 +110,13 @@ def train_loop(
     ):
         bar = progress.add_task(label, total=config.steps, m="")
         for number in range(1, config.steps + 1):
-            started = time.perf_counter()
+            started, started_ns = time.perf_counter(), time.time_ns()
             metrics = step() | {"step": number, "train_seconds": time.perf_counter() - started}
             log.write(json.dumps(metrics) + "\n")
+            if recorder is not None:
+                trained = {k: float(v) for k, v in metrics.items() if k not in ("step", "train_seconds")}
+                update = UpdateRecord(number, number, metrics["train_seconds"], trained)
+                recorder.record(attr.TRAIN_STEP_SPAN_NAME, update, started_ns)
             progress.update(bar, advance=1, m=_brief(metrics))
             if number % config.save_every == 0 or number == config.steps:
                 checkpoint = trainer.save(config.output_dir / f"step-{number}")
@@ -113,13 +146,18 @@ def offline_rl(config: TrainConfig, console: Console, dbs: Sequence[Path] = ()) 
         )
     batches = group_batches(samples, config.algorithm.groups_per_step, config.seed)
     trainer = make_trainer(config)
+    recorder = step_recorder(config, console, "offline")
     try:
         pad_id = trainer.tokenizer.pad_token_id
-        return train_loop(
-            config, trainer, lambda: trainer.step(to_dataproto(next(batches), pad_id)), console, "offline RL"
-        )
+
+        def step() -> dict[str, float]:
+            return trainer.step(to_dataproto(next(batches), pad_id))
+
+        return train_loop(config, trainer, step, console, "offline RL", recorder)
     finally:
         trainer.close()
+        if recorder is not None:
+            recorder.close()
 
 
 def sft_from_traces(config: TrainConfig, console: Console, dbs: Sequence[Path] = ()) -> Path:
@@ -132,6 +170,7 @@ def sft_from_traces(config: TrainConfig, console: Console, dbs: Sequence[Path] =
 
     config.require_sft()
     trainer = make_trainer(config)
+    recorder = None
     try:
         if config.offline.chats is not None:
             chats = read_chats(config.offline.chats)
@@ -145,6 +184,9 @@ def sft_from_traces(config: TrainConfig, console: Console, dbs: Sequence[Path] =
             chats.sort(key=lambda chat: json.dumps(chat, sort_keys=True))
         console.print(f"{len(chats)} conversations for SFT")
         batches = sft_batches(trainer.tokenizer, chats, config.offline.sft_batch_size, config.seed)
-        return train_loop(config, trainer, lambda: trainer.sft_step(*next(batches)), console, "SFT")
+        recorder = step_recorder(config, console, "sft")
+        return train_loop(config, trainer, lambda: trainer.sft_step(*next(batches)), console, "SFT", recorder)
     finally:
         trainer.close()
+        if recorder is not None:
+            recorder.close()

@@ -1,4 +1,5 @@
-"""What an online run records: its steps and evaluations, as lines and as training-step spans."""
+"""What a training run records: its steps (and an online run's evaluations), as lines and as training-step
+spans, which the web view's training page and the server's metrics read."""
 
 from __future__ import annotations
 
@@ -52,6 +53,17 @@ class EvalRecord:
 
 
 @dataclass
+class UpdateRecord:
+    """One update of an offline RL or SFT run (an `otel_rl.train.step` span; the online figures absent, the
+    mode in the run id: `offline-...`, `sft-...`)."""
+
+    step: int
+    policy_version: int  # the checkpoint this update produced: step-N
+    train_s: float
+    trainer: dict[str, float] = field(default_factory=dict)  # the trainer's metrics (loss, mismatch, ...)
+
+
+@dataclass
 class OnlineResult:
     run_id: str
     steps: list[StepRecord]
@@ -71,7 +83,7 @@ class RunRecorder:
         self._provider.add_span_processor(BatchSpanProcessor(exporter, schedule_delay_millis=200))
         self._tracer = self._provider.get_tracer(attr.TRAIN_SCOPE)
 
-    def record(self, name: str, record: StepRecord | EvalRecord, started_ns: int) -> None:
+    def record(self, name: str, record: StepRecord | EvalRecord | UpdateRecord, started_ns: int) -> None:
         values = asdict(record)
         trainer = values.pop("trainer", {})
         attributes: dict[str, Any] = {

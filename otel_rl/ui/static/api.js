@@ -5,12 +5,14 @@ const TOKEN_KEY = "otel-rl-token";
 export class Unauthorized extends Error {}
 
 // A `#token=...` fragment is moved into the tab's session storage at once: the address bar, the history and
-// every link the page makes then hold no secret.
+// every link the page makes then hold no secret. `#token=...&route=/rollout/ID` opens that page after it: a
+// link to any page can carry the token (the route stays a fragment of this page, never another address).
 export function takeTokenFromLocation() {
-  const match = location.hash.match(/^#token=([^&/]+)/);
+  const match = location.hash.match(/^#token=([^&/]+)(?:&route=(.*))?$/);
   if (!match) return;
   sessionStorage.setItem(TOKEN_KEY, decodeURIComponent(match[1]));
-  history.replaceState(null, "", `${location.pathname}#/rollouts`);
+  const route = match[2] ? decodeURIComponent(match[2]) : "/rollouts";
+  history.replaceState(null, "", `${location.pathname}#${route.startsWith("/") ? route : "/rollouts"}`);
 }
 
 export const token = () => sessionStorage.getItem(TOKEN_KEY);

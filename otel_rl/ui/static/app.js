@@ -20,6 +20,7 @@ function login(main, message) {
   const input = el("input", { type: "password", name: "token", autocomplete: "current-password", required: true });
   const form = el(
     "form",
+    // The route stays in the address bar while the form shows: a shared #/rollout/ID opens after the login.
     { class: "login", onsubmit: (event) => { event.preventDefault(); setToken(input.value.trim()); route(); } },
     el("h1", {}, "admin token"),
     el("p", { class: "muted" }, "Open the link `otel-rl serve` wrote beside its store (<store>.ui-link, …/ui#token=…), or paste the admin token (.otel_rl/token)."),

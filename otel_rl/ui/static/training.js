@@ -1,5 +1,5 @@
-// The training page: reward and success per split, train/serve mismatch, staleness, step time, reload
-// phases; polled while a run goes on.
+// The training page: reward and success per split, train/serve mismatch, loss, staleness, step time, reload
+// phases, of online, offline RL and SFT runs alike; polled while a run goes on.
 
 import { getJSON } from "./api.js";
 import { lineChart, stackedBars } from "./charts.js";
@@ -32,6 +32,8 @@ async function draw(board, run) {
     chart("reward per split", paths.steps, lineChart([series(steps, "train", "reward_mean"), ...byEval(evals, "reward_mean")], { yLabel: "mean reward" })),
     chart("success per split", paths.evals, lineChart([series(steps, "train", "success_rate"), ...byEval(evals, "success_rate")], { yLabel: "success" })),
     chart("train/serve mismatch", paths.steps, lineChart([series(steps, "mismatch", "mismatch")], { yLabel: "|Δ logprob|" })),
+    // every run's objective: an offline or SFT run has no rollouts of its own, so this is its curve
+    chart("loss", paths.steps, lineChart([series(steps, "loss", "loss")], { yLabel: "loss" })),
     chart("staleness", paths.staleness, lineChart([series(staleness, "max versions behind", "max_lag"), series(staleness, "mean", "mean_lag"),
       series(steps, "stale groups dropped", "stale_groups")], { yLabel: "versions / groups" })),
     chart("step time", paths.steps, stackedBars(STEP_PARTS, steps.map((s) => ({ x: s.step, values: s })), { yLabel: "s" })),
