@@ -4,7 +4,9 @@ What it speaks (as vLLM 0.32 does): `POST /v1/chat/completions` and `/v1/complet
 streaming (`stream_options.include_usage`, `.continuous_usage_stats`), `n` choices, tools → `tool_calls`,
 `return_token_ids` → `prompt_token_ids` + per-choice `token_ids` (streaming: on the role chunks / each chunk's
 delta), `logprobs`, vLLM error bodies, `POST /tokenize` (chat messages), `GET /v1/models` and `/health`.
-With `dev_mode=True`, VLLM_SERVER_DEV_MODE's `/pause`, `/resume`, `/reset_prefix_cache` and `/weight_checker`.
+With `dev_mode=True`, VLLM_SERVER_DEV_MODE's `/pause`, `/resume`, `/reset_prefix_cache`, `/weight_checker` and
+`/collective_rpc`'s `reload_weights` (the weights become the sha256 of each `*.safetensors` file of the
+folder; a folder without one fails as vLLM's loader does).
 
 Tokens are bytes, so ids are checkable by hand: `tokenize(text) == list(text.encode())`; a chat prompt is
 `tokenize(render_chat(messages))`; the logprob of token t is `logprob_of(t)` (exact in float32).
@@ -19,9 +21,11 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import hashlib
 import itertools
 import json
 import logging
+import pathlib
 import re
 import socket
 import threading
@@ -38,7 +42,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 MODEL = "fake-model"
-DEV_PATHS = ("/pause", "/resume", "/reset_prefix_cache", "/weight_checker")
+DEV_PATHS = ("/pause", "/resume", "/reset_prefix_cache", "/weight_checker", "/collective_rpc")
 CREATED = 1767225600  # fixed so that responses are reproducible
 
 
@@ -344,10 +348,23 @@ class FakeVLLM:
             if body.get("action") != "checksum":
                 return JSONResponse(error_body(400, "fake vLLM: only action 'checksum'"), status_code=400)
             return JSONResponse({"checksums": dict(self.weights)})
+        if path == "/collective_rpc":
+            return self._reload_weights(body)
         if path in ("/pause", "/resume"):
             self.paused = path == "/pause"
             return JSONResponse({"status": "paused" if self.paused else "resumed"})
         return Response(status_code=200)  # /reset_prefix_cache
+
+    def _reload_weights(self, body: dict[str, Any]) -> Response:
+        folder = pathlib.Path(body.get("kwargs", {}).get("weights_path", ""))
+        if body.get("method") != "reload_weights":
+            return JSONResponse(error_body(400, "fake vLLM: only method 'reload_weights'"), status_code=400)
+        files = sorted(folder.glob("*.safetensors"))
+        if not files:
+            message = f"Cannot find any model weights with `{folder}`"  # vLLM's loader, as the RPC relays it
+            return JSONResponse(error_body(500, message), status_code=500)
+        self.weights = {file.stem: hashlib.sha256(file.read_bytes()).hexdigest() for file in files}
+        return JSONResponse({"results": [None]})
 
     async def _health(self, request: Request) -> Response:
         self.health_checks += 1

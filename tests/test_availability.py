@@ -290,3 +290,39 @@ def test_the_web_views_queries_take_the_same_concurrency_slots_as_sql(tmp_path):
         )
     finally:
         server.stop()
+
+
+def test_a_reload_failing_on_every_server_keeps_the_policy_and_the_servers_and_the_next_one_succeeds(
+    tmp_path,
+):
+    empty, good = tmp_path / "no-weights", tmp_path / "checkpoint"
+    empty.mkdir(), good.mkdir()
+    (good / "model.safetensors").write_bytes(b"new weights")
+    with FakeVLLM(dev_mode=True) as fake:
+        server = guarded_server(tmp_path, "--vllm", fake.url)
+        policy_url = f"{server.http_url}/v1/admin/policy"
+        try:
+            failed = httpx.post(
+                policy_url, json={"version": 1, "checkpoint": str(empty)}, headers=server.auth
+            )
+            assert failed.status_code == 502, failed.text
+            assert "Cannot find any model weights" in failed.json()["servers"][0]["error"]
+
+            policy = httpx.get(policy_url, headers=server.auth).json()
+            assert policy["version"] == 0 and policy["servers"][0]["available"], policy
+            assert not fake.paused
+            results, errors = [], []
+            stream_chat(server, results, errors)  # the old policy still answers
+            assert not errors and results[0].rstrip().endswith("data: [DONE]")
+
+            reloaded = httpx.post(
+                policy_url, json={"version": 1, "checkpoint": str(good)}, headers=server.auth
+            )
+            assert reloaded.status_code == 200, reloaded.text
+            assert reloaded.json()["servers"][0]["weights_changed"] is True
+            assert httpx.get(policy_url, headers=server.auth).json()["version"] == 1
+            metrics = httpx.get(f"{server.http_url}/metrics", headers=server.auth).text
+            assert 'otel_rl_gateway_reloads_total{outcome="failed"} 1.0' in metrics
+        finally:
+            server.stop()
+    assert "reload to version 1 failed on every server; version 0 stays, on 1 of 1 servers" in server.log()

@@ -2,7 +2,8 @@
 
 While a reload runs, new calls wait at the gate (up to `pause_wait_s`, then 503 + Retry-After), so every call
 runs entirely under one policy version and says which. A server that fails to reload or to verify is taken
-out; the version switches for all remaining servers at once.
+out; the version switches for all remaining servers at once. When every server fails, the version stays:
+each server that still holds its weights resumes serving it, and the next reload can try again.
 """
 
 import asyncio
@@ -55,6 +56,8 @@ class ServerReload:
     error: str | None = None
     weights_changed: bool | None = None
     checksums: dict[str, str] | None = field(default=None, repr=False)
+    # Its weights before the load, when no reload verified the current ones (what a failed reload restores)
+    checksums_before: dict[str, str] | None = field(default=None, repr=False)
 
 
 @dataclass
@@ -87,6 +90,7 @@ class ReloadResult:
         data = asdict(self)
         for server in data["servers"]:
             server.pop("checksums")
+            server.pop("checksums_before")
         return data
 
 
@@ -157,7 +161,10 @@ class ReloadCoordinator:
                 servers = [s for s in self.pool.servers if s.healthy or s.out_reason is not None]
                 result.servers = [ServerReload(s.url) for s in servers]
                 await self._reload_all(servers, result, checkpoint, lora_adapter)
-                self.switch(servers, result)
+                if result.ok:
+                    self.switch(servers, result)
+                else:
+                    await self._keep_serving(servers, result)
             finally:
                 self._open.set()
                 result.total_ms = _ms_since(start)
@@ -234,6 +241,8 @@ class ReloadCoordinator:
         try:
             t = time.perf_counter()
             await self._post(url, "/pause", params={"mode": "wait"})
+            if checkpoint is not None and self.pool.reference_checksums is None:
+                outcome.checksums_before = await weight_checksums(self._client, url, self._reload_timeout_s)
             phases["pause"] = _ms_since(t)
             t = time.perf_counter()
             await self._load(url, checkpoint, lora)
@@ -248,7 +257,7 @@ class ReloadCoordinator:
                 if isinstance(error, BaseException):
                     raise error
             outcome.checksums = verified
-            before = self.pool.reference_checksums
+            before = self.pool.reference_checksums or outcome.checksums_before
             if verified is not None:
                 outcome.weights_changed = None if before is None else verified != before
             outcome.ok = True
@@ -312,6 +321,46 @@ class ReloadCoordinator:
             self.pool.reference_checksums = good[0].checksums
         self.pool.reference_adapter = result.lora_adapter
         self.policy = Policy(result.version, result.checkpoint, result.lora_adapter)
+
+    async def _keep_serving(self, servers: list[InferenceServer], result: ReloadResult) -> None:
+        """Every server failed the reload: the policy stays, and each server that provably still holds its
+        weights resumes it (the others are taken out, as a failed server always is)."""
+        kept = 0
+        for server, outcome in zip(servers, result.servers, strict=True):
+            why_not = await self._holds_policy(server.url, outcome, result)
+            if why_not is None:
+                try:
+                    await self._post(server.url, "/resume")
+                except (UpstreamError, ValueError) as error:
+                    why_not = f"it could not resume: {error}"
+            if why_not is None:
+                kept += 1
+            else:
+                reason = f"reload to version {result.version} failed: {outcome.error}; {why_not}"
+                self.pool.take_out(server, reason)
+        log.error(
+            "reload to version %d failed on every server; version %d stays, on %d of %d servers",
+            result.version,
+            self.policy.version,
+            kept,
+            len(servers),
+        )
+
+    async def _holds_policy(self, url: str, outcome: ServerReload, result: ReloadResult) -> str | None:
+        """Why the server may no longer serve the current policy after a failed reload; None when it does."""
+        try:
+            if result.checkpoint is not None:  # a checkpoint loads the base weights: they must be unchanged
+                expected = self.pool.reference_checksums or outcome.checksums_before
+                if expected is None:
+                    return "its weights before the reload are unknown"
+                if await weight_checksums(self._client, url, self._reload_timeout_s) != expected:
+                    return "its weights changed"
+            served = await served_adapter(self._client, url, self._reload_timeout_s)
+        except (UpstreamError, KeyError, ValueError) as error:
+            return f"its weights could not be checked: {error}"
+        if served != self.policy.lora_adapter:
+            return f"it serves adapter {served!r}, not the policy's {self.policy.lora_adapter!r}"
+        return None
 
     async def _post(self, url: str, path: str, *, missing_ok: bool = False, **kwargs: Any) -> bytes:
         """POST to a server; `missing_ok`: a 404 (what is to be removed is not there) is a success."""
