@@ -52,7 +52,8 @@ SQL_TO_TRY = (
      "ORDER BY start_time_unix_nano"),
     ("training steps", "SELECT attributes->>'otel_rl.train.step' AS step, "
      "attributes->>'otel_rl.train.reward_mean' AS reward, attributes->>'otel_rl.train.trainer.mismatch' "
-     "AS mismatch FROM spans WHERE name = 'otel_rl.train.step' ORDER BY start_time_unix_nano"),
+     "AS mismatch FROM spans WHERE name = 'otel_rl.train.step' AND sender IN ('server', 'admin') "
+     "ORDER BY commit_seq, start_time_unix_nano"),
 )  # fmt: skip
 
 
