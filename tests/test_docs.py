@@ -17,8 +17,8 @@ DOCS = REPOSITORY / "docs"
 PAGE_TIMEOUT_S = 600.0  # a shared 2-core machine under load: vLLM alone has taken 150 s to start
 
 
-def run_journey(pages: list[Path], folder: Path) -> float:
-    """Run the pages' blocks in `folder`; their output on failure; the seconds they took."""
+def run_journey(pages: list[Path], folder: Path) -> str:
+    """Run the pages' blocks in `folder`; their output (shown on failure)."""
     started = time.monotonic()
     result = run_pages(pages, folder, timeout_s=PAGE_TIMEOUT_S)
     took = time.monotonic() - started
@@ -27,12 +27,15 @@ def run_journey(pages: list[Path], folder: Path) -> float:
     )
     starts = re.findall(r"^## (\S+?):\d+ at (\d+) s$", result.stdout, re.MULTILINE)
     print(f"{' + '.join(p.name for p in pages)}: {took:.1f} s; pages start at {dict(reversed(starts))}")
-    return took
+    return result.stdout
 
 
-def test_quickstart_then_zero_code_as_written_trace_agents_through_the_gateway(tmp_path: Path) -> None:
-    """The quick start (model server, calculator agent, SQL), then the zero-code page in its folder."""
-    run_journey([DOCS / "quickstart.md", DOCS / "zero-code.md"], tmp_path)
+def test_the_first_hour_as_written_traces_agents_exports_samples_and_trains(tmp_path: Path) -> None:
+    """The quick start (model server, calculator agent, SQL), then in its folder the zero-code page, the
+    samples export and a first offline run, as one reader would follow them."""
+    output = run_journey(
+        [DOCS / "quickstart.md", DOCS / "zero-code.md", DOCS / "samples.md", DOCS / "training.md"], tmp_path
+    )
     db = [tmp_path / ".otel_rl" / "otel_rl.duckdb"]
     rollouts = query("SELECT rollout_id, status, n_calls FROM rollouts ORDER BY rollout_id", db=db)
     calculator = rollouts.filter(pl.col("rollout_id") != "r-0001")
@@ -47,6 +50,16 @@ def test_quickstart_then_zero_code_as_written_trace_agents_through_the_gateway(t
     assert calls.height == calculator["n_calls"][0] + 1
     assert calls.filter(pl.col("rollout_id") == "r-0001").height == 1
     assert (calls["n_prompt"] > 0).all() and (calls["n_completion"] > 0).all()
+    samples = pl.read_parquet(tmp_path / "samples.parquet")
+    assert samples["rollout_id"].to_list() == calculator["rollout_id"].to_list()
+    assert (samples["token_source"] == "exact").all()
+    # What the pages say to expect: random weights retokenize badly, and the run says where it went.
+    drift = re.search(r"drift\W+(\d+) of (\d+) calls differ", output)
+    assert drift and int(drift[2]) > 0 and int(drift[1]) == int(drift[2]), output[-3000:]
+    assert "run offline-" in output and "policy checkpoints: runs/first/step-2" in output
+    assert (tmp_path / "runs" / "first" / "step-2" / "model.safetensors").is_file()
+    steps = query("SELECT count(*) AS n FROM spans WHERE name = 'otel_rl.train.step'", db=db)
+    assert steps["n"][0] == 2  # the offline run's updates, recorded on the server for the web view
 
 
 def test_every_run_marker_of_the_pages_opens_a_block_the_runner_can_run() -> None:
