@@ -26,6 +26,7 @@ import pyarrow as pa
 from otel_rl.store import archive
 from otel_rl.store.connection import CATALOG, connect
 from otel_rl.store.definitions import NORMALIZED, read_definitions
+from otel_rl.store.detections import create_detections
 from otel_rl.store.sandbox import UserQuery, check_read_only, lock_down
 from otel_rl.store.schema import default_transforms_dir
 
@@ -205,6 +206,7 @@ def _create_transforms(con: duckdb.DuckDBPyConnection) -> None:
                     con.execute(statement.sql)
         except duckdb.Error as exc:
             log.warning("the views of %s are not defined over the stores queried: %s", file.name, exc)
+    create_detections(con)
 
 
 def _has_keys(con: duckdb.DuckDBPyConnection, index: int) -> bool:

@@ -12,6 +12,7 @@ import pyarrow as pa
 
 from otel_rl.store import normalize
 from otel_rl.store.definitions import SqlFile, defined_normalized, normalized_fingerprint, read_definitions
+from otel_rl.store.detections import create_detections
 from otel_rl.store.layout import ARCHIVE_FILES, KEY_TABLES, RAW_TABLES
 
 log = logging.getLogger(__name__)
@@ -130,6 +131,7 @@ def create_views(con: duckdb.DuckDBPyConnection, transforms_dir: Path) -> Schema
             schema.through, unchanged = 0, 0
     for file in files[unchanged:]:
         schema.views[file.name] = _run_file(con, file)
+    create_detections(con)  # after every file: the union of the detect_* views any of them defined
     _record_sources(con, sources, created, schema.views)
     return schema
 
