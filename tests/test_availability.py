@@ -27,6 +27,7 @@ PER_CLIENT = 40
 HALF_REQUEST = b"POST /v1/traces HTTP/1.1\r\nHost: otel-rl\r\nX-Slow: "  # headers that never end
 MARGIN_S = 3.0  # scheduling on a loaded test machine
 QUERY_TIMEOUT_S = 2.0
+SLOW_SQL = "SELECT sum(a.range * b.range) FROM range(1000000) a, range(1000000) b"  # hours of work
 QUERY_MARGIN_S = 2.5  # the HTTP round trip and the JSON of a page, on a loaded machine
 
 
@@ -205,22 +206,34 @@ def test_a_stream_longer_than_every_read_deadline_is_not_cut(tmp_path):
 def test_sigterm_under_load_ends_the_server_within_the_shutdown_timeout(tmp_path):
     with FakeVLLM(lambda request, index: "word " * 200) as fake:
         fake.inject(*[Fault(chunk_delay_s=0.5)] * 4)  # streams of 100 s
-        server = guarded_server(tmp_path, "--vllm", fake.url, "--shutdown-timeout", "2")
+        flags = ("--vllm", fake.url, "--shutdown-timeout", "2", "--query-timeout", "60")
+        server = guarded_server(tmp_path, *flags)
         results, errors = [], []
-        streams = [threading.Thread(target=stream_chat, args=(server, results, errors)) for _ in range(4)]
-        for stream in streams:
-            stream.start()
-        body_head = f"POST /v1/traces HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {server.token}\r\n"
-        body_head += "Content-Length: 1000\r\n\r\nabc"
-        with slow_clients(server, 100, "127.0.0.2"), slow_clients(server, 5, "127.0.0.3", body_head.encode()):
-            time.sleep(1.0)  # the streams are running
-            assert fake.requests, "no stream reached the upstream"
-            started = time.monotonic()
-            server.process.send_signal(signal.SIGTERM)
-            code = server.process.wait(30)
-            took = time.monotonic() - started
-        for stream in streams:
-            stream.join(10)
+        load = [threading.Thread(target=stream_chat, args=(server, results, errors)) for _ in range(4)]
+        load.append(
+            threading.Thread(  # a query of hours, stopped at 60 s
+                target=httpx.post,
+                args=(f"{server.http_url}/v1/query",),
+                kwargs={"json": {"sql": SLOW_SQL}, "headers": server.auth, "timeout": 90},
+            )
+        )
+        for client in load:
+            client.start()
+        try:
+            with (
+                slow_clients(server, 100, "127.0.0.2"),
+                slow_clients(server, 5, "127.0.0.3", body_head(server, "/v1/traces")),
+            ):
+                time.sleep(1.0)  # the streams and the query are running
+                assert fake.requests, "no stream reached the upstream"
+                started = time.monotonic()
+                server.process.send_signal(signal.SIGTERM)
+                code = server.process.wait(30)
+                took = time.monotonic() - started
+        finally:
+            server.kill()
+        for client in load:
+            client.join(10)
     assert code in (0, -signal.SIGTERM), server.log()
     assert took < 2 + 8, f"the server took {took:.1f} s to stop:\n{server.log()}"
 
@@ -272,11 +285,10 @@ def test_view_and_sql_queries_under_ingest_load_end_at_the_query_timeout(tmp_pat
 
 def test_the_web_views_queries_take_the_same_concurrency_slots_as_sql(tmp_path):
     server = guarded_server(tmp_path, "--query-timeout", "4", "--query-concurrency", "1")
-    slow = "SELECT sum(a.range * b.range) FROM range(1000000) a, range(1000000) b"  # hours of work
     holding = threading.Thread(
         target=httpx.post,
         args=(f"{server.http_url}/v1/query",),
-        kwargs={"json": {"sql": slow}, "headers": server.auth, "timeout": 30},
+        kwargs={"json": {"sql": SLOW_SQL}, "headers": server.auth, "timeout": 30},
     )
     try:
         holding.start()
