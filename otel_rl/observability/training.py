@@ -74,6 +74,11 @@ class TrainingMetrics(Collector):
             "Groups dropped as older than max_staleness (samples too stale to train on).",
             registry=None,
         )
+        self.screened = Counter(
+            "otel_rl_train_screened_rollouts",
+            "Rollouts left out of the steps' batches as flagged by a hack detector (the hack_flags view).",
+            registry=None,
+        )
         self.samples = Counter("otel_rl_train_samples", "Samples the steps trained on.", registry=None)
         self.sampled_tokens = Counter(
             "otel_rl_train_sampled_tokens", "Policy-sampled tokens the steps trained on.", registry=None
@@ -125,6 +130,7 @@ class TrainingMetrics(Collector):
         for counter, key in (
             (self.paused_seconds, "paused_s"),
             (self.stale_groups, "stale_groups"),
+            (self.screened, "screened"),
             (self.samples, "samples"),
             (self.sampled_tokens, "sampled_tokens"),
         ):
@@ -166,6 +172,7 @@ class TrainingMetrics(Collector):
             self.steps,
             self.paused_seconds,
             self.stale_groups,
+            self.screened,
             self.samples,
             self.sampled_tokens,
         ):

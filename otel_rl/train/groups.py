@@ -147,6 +147,7 @@ def read_groups(
     the store holds.
     """
     from otel_rl.transforms.samples import CALL_COLUMNS
+    from otel_rl.transforms.screening import with_flags
 
     bound = None if started_ns is None else started_ns - CLOCK_SLACK_NS
     attempts = query(final_attempts_sql(groups, bound))
@@ -167,7 +168,7 @@ def read_groups(
         f" AND rollout_id IN {sql_list(rollouts['rollout_id'].to_list())}"
     )
     calls, rewards = final_attempts_only(calls, rewards, attempts)
-    return calls, rollouts, rewards
+    return calls, with_flags(rollouts, query), rewards
 
 
 async def await_in_store(

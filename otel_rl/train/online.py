@@ -136,6 +136,7 @@ class OnlineLoop:
             drain_s=reload["drain_ms"] / 1000,
             wall_s=reloaded - started,
             trainer={key: float(value) for key, value in metrics.items()},
+            screened=batch.report.screened,
         )
         # Exported now: a loop killed later must not lose the record of a step whose checkpoint exists.
         await asyncio.to_thread(recorder.record, attr.TRAIN_STEP_SPAN_NAME, record, started_ns)

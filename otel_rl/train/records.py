@@ -37,6 +37,7 @@ class StepRecord:
     drain_s: float  # of which: waiting for the calls in flight to finish before swapping weights
     wall_s: float
     trainer: dict[str, float] = field(default_factory=dict)  # the trainer's metrics (loss, mismatch, ...)
+    screened: int = 0  # rollouts of the step's groups left out as flagged by a hack detector (hack_flags)
 
 
 @dataclass
@@ -106,6 +107,7 @@ def format_step(record: StepRecord) -> str:
     return (
         f"step {record.step:>4}  reward {record.reward_mean:.3f}  success {record.success_rate:6.1%}  "
         f"samples {record.samples}  tokens {record.sampled_tokens}  stale {record.stale_groups}  "
+        f"screened {record.screened}  "
         f"collect {record.collect_s:.2f}s  transform {record.transform_s:.2f}s  train {record.train_s:.2f}s  "
         f"reload {record.reload_s:.2f}s" + (f"  mismatch {mismatch:.2e}" if mismatch is not None else "")
     )

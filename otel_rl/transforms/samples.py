@@ -21,6 +21,7 @@ from otel_rl.transforms.rewards import (
     turn_rewards,
     untrusted_hint,
 )
+from otel_rl.transforms.screening import screen, with_flags
 from otel_rl.transforms.tokens import Drift, call_tokens, measure_drift
 
 # The sample schema (docs/samples.md), in column order.
@@ -109,6 +110,9 @@ class Report:
     token_sources: dict[str, int] = field(default_factory=dict)  # calls by source
     logprobs_sources: dict[str, int] = field(default_factory=dict)  # calls with logprobs, by their source
     drift: Drift | None = None
+    # Rollouts a hack detector flagged (the hack_flags view), left out before anything else, and by detector
+    screened: int = 0
+    screened_by_detector: dict[str, int] = field(default_factory=dict)
     reward_by_group: dict[str, dict[str, float]] = field(default_factory=dict)  # group -> rollouts, mean
 
     def to_dict(self) -> dict[str, Any]:
@@ -121,6 +125,8 @@ class Report:
         """The dropped rollouts by reason, with the untrusted rewards' sources and the option that trusts
         them (`trust`: see rewards.untrusted_hint)."""
         reasons = ", ".join(f"{reason}: {n}" for reason, n in self.dropped_rollouts.items()) or "none dropped"
+        if self.screened:
+            reasons += f"; screened by hack_flags: {self.screened}"
         if not self.untrusted_rewards:
             return reasons
         return f"{reasons} (untrusted rewards: {untrusted_hint(self.untrusted_rewards, trust)})"
@@ -196,6 +202,7 @@ def build_samples(
             "retokenizing needs the calls' messages: load them with load_inputs(..., messages=True)"
         )
     report = Report(rollouts=rollouts.height)
+    rollouts, report.screened, report.screened_by_detector = screen(rollouts)
     calls = calls.filter(pl.col("rollout_id").is_in(rollouts["rollout_id"].implode()))
     report.calls = calls.height
     scored, report.dropped_rollouts, report.untrusted_rewards = exclude_rollouts(
@@ -275,7 +282,7 @@ def load_inputs(
     columns = ", ".join(CALL_COLUMNS + MESSAGE_COLUMNS if messages else CALL_COLUMNS)
     calls = run_query(f"SELECT {columns} FROM llm_calls WHERE {selected} ORDER BY {', '.join(order)}")
     rewards = run_query(f"SELECT {', '.join(REWARD_COLUMNS)} FROM rewards WHERE {selected}")
-    return calls, rollouts.drop("n_calls"), rewards
+    return calls, with_flags(rollouts.drop("n_calls"), run_query), rewards
 
 
 def break_record(where: Break, calls: pl.DataFrame, tokenizer: Any | None) -> dict[str, Any]:
@@ -327,6 +334,9 @@ def report_table(report: Report) -> Any:
     table.add_row("rollouts", f"{report.rollouts_used} used of {report.rollouts}")
     table.add_row("calls", f"{report.calls_used} used of {report.calls}")
     table.add_row("segments", str(report.segments))
+    if report.screened:
+        detectors = ", ".join(f"{name}: {n}" for name, n in report.screened_by_detector.items())
+        table.add_row("screened", f"{report.screened} rollouts flagged by hack_flags ({escape(detectors)})")
     table.add_row(
         "tokens",
         f"{report.prompt_tokens} prompt, {report.response_tokens} response ({report.sampled_tokens} sampled)",

@@ -55,6 +55,7 @@ STEP_FIGURES = (
     "samples",
     "sampled_tokens",
     "stale_groups",
+    "screened",
     "collect_s",
     "transform_s",
     "train_s",
