@@ -34,7 +34,8 @@ def test_the_first_hour_as_written_traces_agents_exports_samples_and_trains(tmp_
     """The quick start (model server, calculator agent, SQL), then in its folder the zero-code page, the
     samples export and a first offline run, as one reader would follow them."""
     output = run_journey(
-        [DOCS / "quickstart.md", DOCS / "zero-code.md", DOCS / "samples.md", DOCS / "training.md"], tmp_path
+        [DOCS / page for page in ("quickstart.md", "zero-code.md", "samples.md", "training.md", "ui.md")],
+        tmp_path,
     )
     db = [tmp_path / ".otel_rl" / "otel_rl.duckdb"]
     rollouts = query("SELECT rollout_id, status, n_calls FROM rollouts ORDER BY rollout_id", db=db)
@@ -57,9 +58,19 @@ def test_the_first_hour_as_written_traces_agents_exports_samples_and_trains(tmp_
     drift = re.search(r"drift\W+(\d+) of (\d+) calls differ", output)
     assert drift and int(drift[2]) > 0 and int(drift[1]) == int(drift[2]), output[-3000:]
     assert "run offline-" in output and "policy checkpoints: runs/first/step-2" in output
+    assert re.search(r'\[\{"run_id":\s*"offline-[0-9a-f]{12}",\s*"steps":\s*2', output)  # ui.md's curl
     assert (tmp_path / "runs" / "first" / "step-2" / "model.safetensors").is_file()
     steps = query("SELECT count(*) AS n FROM spans WHERE name = 'otel_rl.train.step'", db=db)
     assert steps["n"][0] == 2  # the offline run's updates, recorded on the server for the web view
+
+
+def test_every_page_spells_the_otlp_header_as_the_otel_spec_does() -> None:
+    """One spelling: the value percent-encoded (`Bearer%20<token>`), which every OTel SDK decodes."""
+    pages = [REPOSITORY / "README.md", *sorted(DOCS.glob("*.md")), REPOSITORY / "examples" / "README.md"]
+    for page in pages:
+        for line in page.read_text().splitlines():
+            if "OTEL_EXPORTER_OTLP_HEADERS" in line and "Bearer" in line:
+                assert "authorization=Bearer%20" in line, f"{page.name}: {line}"
 
 
 def test_every_run_marker_of_the_pages_opens_a_block_the_runner_can_run() -> None:
