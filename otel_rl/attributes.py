@@ -15,6 +15,21 @@ ROLLOUT_EXIT_CODE = "otel_rl.rollout.exit_code"
 ROLLOUT_SPAN_NAME = "otel_rl.rollout"
 # The harness's rollout span, opened by `otel_rl.rollout()` (scope SDK_SCOPE); ERROR when its block raised.
 SDK_ROLLOUT_SPAN_NAME = "rollout"
+# Why an episode was cut short ("time"): such a rollout is left out of training, never scored 0.
+ROLLOUT_TRUNCATED = "otel_rl.rollout.truncated"
+
+# A coding rollout's sandbox (resource attributes of its harness, and on the controller's rollout span):
+# the mode ("bubblewrap") and its limits, SANDBOX_LIMITS + cpu_seconds | memory_bytes | processes |
+# file_bytes | wall_seconds. And the grader's verdict, on the controller's span (otel_rl/coding/rollout.py).
+SANDBOX_MODE = "otel_rl.sandbox.mode"
+SANDBOX_LIMITS = "otel_rl.sandbox.limits."
+CODING_INSTANCE = "otel_rl.coding.instance_id"
+GRADE_OUTCOME = "otel_rl.grade.outcome"  # "graded" | "infrastructure_error" | "not_graded"
+GRADE_REWARD = "otel_rl.grade.reward"
+GRADE_TESTS_PASSED = "otel_rl.grade.tests_passed"
+GRADE_TESTS_TOTAL = "otel_rl.grade.tests_total"
+GRADE_DROPPED_PATHS = "otel_rl.grade.dropped_paths"
+GRADE_ERROR = "otel_rl.grade.error"
 
 # Rewards: the GenAI semantic-convention evaluation event.
 EVALUATION_EVENT = "gen_ai.evaluation.result"

@@ -127,10 +127,16 @@ def _python_mounts() -> list[str]:
     for prefix in prefixes:
         if prefix.startswith("/usr/"):
             continue
-        parents = [str(parent) for parent in reversed(Path(prefix).parents) if str(parent) != "/"]
-        for parent in parents:
-            argv += ["--perms", "0755", "--dir", parent]
-        argv += ["--ro-bind", prefix, prefix]
+        argv += [*_traversable_parents(prefix), "--ro-bind", prefix, prefix]
+    return argv
+
+
+def _traversable_parents(inside: str) -> list[str]:
+    """The folders above a mount point, made traversable by whoever the command runs as."""
+    argv: list[str] = []
+    for parent in reversed(Path(inside).parents):
+        if str(parent) != "/":
+            argv += ["--perms", "0755", "--dir", str(parent)]
     return argv
 
 
@@ -155,6 +161,7 @@ def bwrap_argv(
     argv += _system_mounts() + _hidden_host_folders() + _python_mounts()
     argv += ["--proc", "/proc", "--dev", "/dev", "--bind", str(workspace), WORKSPACE]
     for bind in binds:
+        argv += _traversable_parents(bind.inside)
         argv += ["--bind" if bind.writable else "--ro-bind", str(bind.host), bind.inside]
     argv += ["--remount-ro", "/", "--chdir", WORKSPACE, "--clearenv"]
     path = f"{os.path.dirname(sys.executable)}:/usr/local/bin:/usr/bin:/bin"
@@ -164,6 +171,25 @@ def bwrap_argv(
     argv += ["--", *_identity(), prlimit, f"--cpu={limits.cpu_seconds}", f"--as={limits.memory_bytes}"]
     argv += [f"--nproc={limits.processes}", f"--fsize={limits.file_bytes}", "--", *command]
     return argv
+
+
+def gated(argv: list[str]) -> tuple[list[str], int]:
+    """bwrap's argv with a gate: bwrap's child reads one byte from --block-fd after its setup, right before
+    exec, so a byte still there afterwards means the command never started. The command cannot put it back
+    (it holds no write end). The caller passes the fd to bwrap and closes it after `command_started`."""
+    gate, writer = os.pipe()
+    os.write(writer, b"x")
+    os.close(writer)
+    return [argv[0], "--block-fd", str(gate), *argv[1:]], gate
+
+
+def command_started(gate: int) -> bool:
+    """Whether the sandboxed command was executed (bwrap read the gate's byte); call after bwrap exited."""
+    os.set_blocking(gate, False)
+    try:
+        return os.read(gate, 1) != b"x"
+    except BlockingIOError:
+        return True
 
 
 def run(
@@ -196,13 +222,7 @@ def _run(
     env: dict[str, str] | None,
     capture: bool,
 ) -> Completed:
-    argv = bwrap_argv(workspace, command, limits=limits, binds=binds, env=env)
-    # bwrap's child reads one byte from --block-fd after its setup, right before exec: a byte still there
-    # afterwards means the command never started. The command cannot put it back (it holds no write end).
-    gate, writer = os.pipe()
-    os.write(writer, b"x")
-    os.close(writer)
-    argv[1:1] = ["--block-fd", str(gate)]
+    argv, gate = gated(bwrap_argv(workspace, command, limits=limits, binds=binds, env=env))
     pipe = subprocess.PIPE if capture else None
     started = time.perf_counter()
     try:
@@ -217,11 +237,7 @@ def _run(
                 stdout, stderr = process.communicate()
                 returncode = None
         seconds = time.perf_counter() - started
-        os.set_blocking(gate, False)
-        try:
-            never_started = os.read(gate, 1) == b"x"
-        except BlockingIOError:
-            never_started = False
+        never_started = not command_started(gate)
     finally:
         os.close(gate)
     if never_started:

@@ -29,6 +29,7 @@ from otel_rl.controller.environment import (
     validate_user_env,
 )
 from otel_rl.controller.forkserver import Forked, ForkServer, python_target
+from otel_rl.controller.launcher import Launcher
 
 log = logging.getLogger(__name__)
 
@@ -156,8 +157,13 @@ class Controller:
         token: str,
         issue_key: KeyIssuer,
         revoke_key: KeyRevoker | None = None,
+        launcher: Launcher | None = None,
     ) -> None:
+        if launcher is not None and settings.preload:
+            raise ValueError("rollouts.preload forks harnesses outside the launcher: drop it with a launcher")
         self.settings = settings
+        # wraps every attempt (the coding sandbox and grader); it sees no variable of this process's own
+        self._launcher = launcher
         self._otlp_endpoint = otlp_endpoint.rstrip("/")
         self._openai_base_url = openai_base_url
         self._issue_key = issue_key
@@ -260,7 +266,7 @@ class Controller:
     ) -> tuple[RolloutStatus, int | None]:
         api_key = await asyncio.to_thread(self._issue_key, identity)
         env = harness_environment(
-            inherited=os.environ,
+            inherited=os.environ if self._launcher is None else {},
             user_env=self.settings.env,
             otlp_endpoint=self._otlp_endpoint,
             openai_base_url=self._openai_base_url,
@@ -270,6 +276,31 @@ class Controller:
             task=rollout.task,
         )
         argv = harness_argv(self.settings.command, rollout.task)
+        if self._launcher is None:
+            return await self._spawn_and_wait(argv, env, log_path)
+        async with self._launcher.attempt(rollout, identity, argv, env) as attempt:
+            launch = attempt.launch
+            span.set_attributes(launch.attributes)
+            status, returncode = await self._spawn_and_wait(
+                launch.argv,
+                launch.env,
+                log_path,
+                cwd=launch.cwd,
+                pass_fds=launch.pass_fds,
+                timeout_s=min(self.settings.timeout_s, launch.timeout_s or self.settings.timeout_s),
+            )
+            return await attempt.finish(status, span), returncode
+
+    async def _spawn_and_wait(
+        self,
+        argv: list[str],
+        env: Mapping[str, str],
+        log_path: Path,
+        *,
+        cwd: Path | None = None,
+        pass_fds: Sequence[int] = (),
+        timeout_s: float | None = None,
+    ) -> tuple[RolloutStatus, int | None]:
         if self.settings.preload:
             process = await self._forked(argv, env, log_path)
         else:
@@ -288,12 +319,14 @@ class Controller:
                     stdin=asyncio.subprocess.DEVNULL,
                     stdout=log,
                     stderr=asyncio.subprocess.STDOUT,
+                    cwd=cwd,
+                    pass_fds=pass_fds,
                     start_new_session=True,  # its own process group, so that a kill reaches every descendant
                 )
         timed_out = False
         try:
             try:
-                returncode = await asyncio.wait_for(process.wait(), self.settings.timeout_s)
+                returncode = await asyncio.wait_for(process.wait(), timeout_s or self.settings.timeout_s)
             except TimeoutError:
                 timed_out = True
                 returncode = await self._terminate(process)

@@ -65,6 +65,11 @@ class ServerClient:
         )
         _raise_for_status(response, "revoke a rollout key")
 
+    def post_reward(self, body: Mapping[str, Any]) -> None:
+        """POST /v1/rewards (the admin token): a grader's reward, stored with the source the body names."""
+        response = self._request("POST", "/v1/rewards", json=dict(body))
+        _raise_for_status(response, f"post the reward of rollout {body.get('rollout_id')}")
+
     def policy(self) -> dict[str, Any]:
         """The gateway's current policy: `version`, `checkpoint`, servers, the last reload."""
         response = self._request("GET", "/v1/admin/policy")

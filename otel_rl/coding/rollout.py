@@ -1,0 +1,233 @@
+"""A coding rollout under the local controller: each attempt's harness runs in a bubblewrap sandbox over a
+fresh workspace with only the gateway and OTLP ports forwarded in; afterwards the grader, outside it, grades
+the workspace's diff and the controller posts the reward as source `grader` with the admin credential."""
+
+import asyncio
+import json
+import os
+import tempfile
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from contextlib import asynccontextmanager
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+from opentelemetry.trace import Span
+
+from otel_rl import attributes as attr
+from otel_rl.auth import TOKEN_FILE
+from otel_rl.coding import sandbox
+from otel_rl.coding.forward import INSIDE as FORWARD_INSIDE
+from otel_rl.coding.forward import forwarded
+from otel_rl.coding.grader import GradeResult, PatchError, grade
+from otel_rl.coding.tasks import Task, TaskError, TaskSet
+from otel_rl.coding.workspace import make_workspace, workspace_diff
+from otel_rl.controller.launcher import Launch
+from otel_rl.controller.local import Rollout, RolloutStatus
+
+MODE = "bubblewrap"
+# The URLs the harness reaches its server by: each must be a loopback port, forwarded into the sandbox.
+FORWARDED_URLS = ("OPENAI_BASE_URL", "OTEL_EXPORTER_OTLP_ENDPOINT")
+LOOPBACK_HOSTS = {"127.0.0.1", "localhost"}
+GRADED = frozenset({RolloutStatus.OK, RolloutStatus.ERROR})  # the agent's episode ended: its diff counts
+AGENT_LIMITS = sandbox.Limits()
+GRADER_LIMITS = sandbox.Limits(wall_seconds=900.0)  # as `otel-rl grade`
+RewardPoster = Callable[[Mapping[str, Any]], None]  # a POST /v1/rewards body, sent with the admin token
+
+
+def agent_task(task: Task) -> dict[str, str]:
+    """What a harness may know of a task (OTEL_RL_TASK, `{task}`): never the hidden tests, the gold patch or
+    the expected test ids."""
+    return {"instance_id": task.instance_id, "repo": task.repo, "problem_statement": task.problem_statement}
+
+
+def sandbox_attributes(limits: sandbox.Limits) -> dict[str, str | int | float]:
+    """The sandbox's mode and limits as attributes (`otel_rl.sandbox.*`)."""
+    return {attr.SANDBOX_MODE: MODE} | {attr.SANDBOX_LIMITS + k: v for k, v in asdict(limits).items()}
+
+
+def loopback_ports(env: Mapping[str, str]) -> tuple[int, ...]:
+    """The ports of the server URLs the harness is given; ValueError for one the sandbox cannot reach."""
+    ports: list[int] = []
+    for name in FORWARDED_URLS:
+        url = urlsplit(env[name])
+        if url.hostname not in LOOPBACK_HOSTS or url.port is None:
+            raise ValueError(
+                f"{name}={env[name]!r}: a sandboxed harness reaches only loopback ports of this machine "
+                "(give the server as http://127.0.0.1:PORT)"
+            )
+        ports.append(url.port)
+    return tuple(dict.fromkeys(ports))
+
+
+def inside_environment(env: Mapping[str, str], limits: sandbox.Limits) -> dict[str, str]:
+    """The harness's environment inside: the controller's (contract + user settings), URLs on 127.0.0.1
+    (the same ports, forwarded), the sandbox's attributes added to its resource attributes."""
+    inside = dict(env)
+    for name in FORWARDED_URLS:
+        inside[name] = inside[name].replace("//localhost:", "//127.0.0.1:", 1)
+    extra = ",".join(f"{key}={value}" for key, value in sandbox_attributes(limits).items())
+    inside["OTEL_RESOURCE_ATTRIBUTES"] = f"{inside['OTEL_RESOURCE_ATTRIBUTES']},{extra}"
+    return inside
+
+
+def secrets_problem(task: Task, texts: Sequence[str], admin_token: str) -> str | None:
+    """What of the grader's side a harness would be handed (its argv and environment), or None."""
+    hidden = {
+        "the admin token": admin_token,
+        "the hidden tests": task.test_patch,
+        "the gold patch": task.patch,
+    }
+    for what, secret in hidden.items():
+        if secret.strip() and any(secret.strip() in text for text in texts):
+            return what
+    return None
+
+
+@dataclass
+class CodingAttempt:
+    """One prepared attempt: its sandboxed launch, and the grading once it has ended."""
+
+    launch: Launch
+    launcher: "CodingLauncher"
+    task: Task
+    rollout: Rollout
+    workspace: Path
+    gate: int
+
+    async def finish(self, status: RolloutStatus, span: Span) -> RolloutStatus:
+        if not sandbox.command_started(self.gate):
+            span.set_attribute(attr.GRADE_OUTCOME, "not_graded")
+            span.set_attribute(attr.GRADE_ERROR, "the sandbox did not start (bwrap's error is in the log)")
+            return RolloutStatus.INFRA_ERROR
+        if status is RolloutStatus.TIMEOUT:
+            span.set_attribute(attr.ROLLOUT_TRUNCATED, "time")
+        if status not in GRADED:  # cut short or crashed: not the agent's finished work, never a 0
+            span.set_attribute(attr.GRADE_OUTCOME, "not_graded")
+            return status
+        result = await asyncio.to_thread(self.launcher.grade_workspace, self.task, self.workspace)
+        span.set_attributes(grade_attributes(result))
+        if result.reward is None:
+            return RolloutStatus.INFRA_ERROR  # counted apart (and retried), never a reward
+        try:
+            await asyncio.to_thread(self.launcher.post_reward, reward_body(self.rollout, result))
+        except Exception as error:  # the reward did not land: the attempt is the infrastructure's failure
+            span.set_attribute(attr.GRADE_ERROR, f"posting the reward: {error}"[:1000])
+            return RolloutStatus.INFRA_ERROR
+        return status
+
+
+def grade_attributes(result: GradeResult) -> dict[str, Any]:
+    """The grader's verdict as attributes of the controller's rollout span."""
+    attributes: dict[str, Any] = {
+        attr.GRADE_OUTCOME: result.outcome,
+        attr.GRADE_TESTS_PASSED: sum(status == "passed" for status in result.tests.values()),
+        attr.GRADE_TESTS_TOTAL: len(result.tests),
+        attr.GRADE_DROPPED_PATHS: result.dropped_paths,
+    }
+    if result.reward is not None:
+        attributes[attr.GRADE_REWARD] = result.reward
+    if result.error is not None:
+        attributes[attr.GRADE_ERROR] = result.error[:1000]
+    return attributes
+
+
+def reward_body(rollout: Rollout, result: GradeResult) -> dict[str, Any]:
+    """The POST /v1/rewards body: `outcome` from source `grader`; per-test results and dropped paths in the
+    explanation (JSON)."""
+    explanation = json.dumps({"tests": result.tests, "dropped_paths": result.dropped_paths})
+    return {
+        "rollout_id": rollout.rollout_id,
+        "name": "outcome",
+        "value": float(result.reward or 0),
+        "source": attr.REWARD_SOURCE_GRADER,
+        "label": "pass" if result.reward else "fail",
+        "explanation": explanation[:60_000],
+    }
+
+
+class CodingLauncher:
+    """The controller's launcher (otel_rl/controller/launcher.py) for coding tasks. `binds`: read-only host
+    folders the harness itself needs (its script, a CLI's install), seen inside at the same path."""
+
+    def __init__(
+        self,
+        task_set: TaskSet,
+        *,
+        admin_token: str,
+        post_reward: RewardPoster,
+        limits: sandbox.Limits = AGENT_LIMITS,
+        grader_limits: sandbox.Limits = GRADER_LIMITS,
+        binds: Sequence[Path] = (),
+    ) -> None:
+        sandbox.probe_user_namespaces()  # no sandbox here: stop now, saying what to enable
+        self.task_set = task_set
+        self.limits = limits
+        self.grader_limits = grader_limits
+        self._admin_token = admin_token
+        self.post_reward = post_reward
+        self.binds = tuple(sandbox.Bind(path.resolve(), str(path.resolve())) for path in binds)
+        exposed = [task_set.path.resolve(), TOKEN_FILE.resolve()]
+        for bind in self.binds:
+            for secret in exposed:
+                if secret.is_relative_to(bind.host):
+                    raise ValueError(f"bind {bind.host} would show {secret} inside the sandbox")
+
+    def task_of(self, rollout: Rollout) -> Task:
+        instance = rollout.task.get("instance_id", rollout.task_id)
+        if not isinstance(instance, str):
+            raise TaskError(f"rollout {rollout.rollout_id}: its task's instance_id is not text")
+        return self.task_set.get(instance)
+
+    @asynccontextmanager
+    async def attempt(
+        self, rollout: Rollout, identity: Mapping[str, str], argv: Sequence[str], env: Mapping[str, str]
+    ) -> AsyncIterator[CodingAttempt]:
+        task = self.task_of(rollout)
+        if {"patch", "test_patch"} & set(rollout.task):
+            raise ValueError(
+                f"rollout {rollout.rollout_id}: its task holds grader-side fields: use agent_task"
+            )
+        ports = loopback_ports(env)
+        inside = inside_environment(env, self.limits)
+        problem = secrets_problem(task, [*argv, *inside.keys(), *inside.values()], self._admin_token)
+        if problem is not None:
+            raise ValueError(f"rollout {rollout.rollout_id}: the harness would be handed {problem}")
+        with tempfile.TemporaryDirectory(prefix="otel-rl-rollout-") as scratch:
+            workspace = Path(scratch, "workspace")
+            workspace.mkdir()
+            await asyncio.to_thread(make_workspace, self.task_set, task, workspace)
+            await asyncio.to_thread(sandbox.hand_over, workspace)
+            with forwarded(list(ports), owner=sandbox.sandbox_owner()) as (folder, prefix):
+                binds = (*self.binds, sandbox.Bind(folder, FORWARD_INSIDE))
+                wall = sandbox.bwrap_argv(
+                    workspace, [*prefix, *argv], limits=self.limits, binds=binds, env=inside
+                )
+                command, gate = sandbox.gated(wall)
+                try:
+                    launch = Launch(
+                        command,
+                        {"PATH": os.environ.get("PATH", "/usr/bin:/bin")},  # bwrap's own: it clears the rest
+                        pass_fds=(gate,),
+                        timeout_s=self.limits.wall_seconds,
+                        attributes={
+                            **sandbox_attributes(self.limits),
+                            attr.CODING_INSTANCE: task.instance_id,
+                        },
+                    )
+                    yield CodingAttempt(launch, self, task, rollout, workspace, gate)
+                finally:
+                    os.close(gate)
+
+    def grade_workspace(self, task: Task, workspace: Path) -> GradeResult:
+        """Grade what the agent left, outside its sandbox; a failure of ours is an infrastructure error."""
+        try:
+            patch = workspace_diff(self.task_set, task, workspace)
+            return grade(self.task_set, task, patch, limits=self.grader_limits)
+        except (TaskError, PatchError, OSError) as error:
+            return GradeResult(
+                instance_id=task.instance_id, outcome="infrastructure_error", reward=None,
+                tests={test: "missing" for test in task.expected_tests}, dropped_paths=[],
+                error=f"{type(error).__name__}: {error}", seconds=0.0,
+            )  # fmt: skip

@@ -1,0 +1,156 @@
+"""A coding rollout on real parts: the local controller runs a scripted harness in bubblewrap over a HumanEval
+workspace, against a real `otel-rl serve` on loopback; the grader outside posts the reward as `grader`."""
+
+import json
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from coding_tasks import humaneval_task_file
+from fake_vllm import MODEL, FakeVLLM
+from otel_rl_server import ServerProcess
+from test_controller import recorded_attempts
+
+from otel_rl import attributes as attr
+from otel_rl.coding import humaneval, sandbox
+from otel_rl.coding.rollout import CodingLauncher, agent_task, reward_body
+from otel_rl.coding.tasks import load_tasks
+from otel_rl.controller import Controller, ControllerSettings, Rollout, RolloutStatus, new_id
+from otel_rl.train.server_client import ServerClient
+
+HARNESS = Path(__file__).parent / "harnesses" / "sandboxed_coder.py"
+LIMITS = sandbox.Limits(cpu_seconds=60, wall_seconds=60)
+CANONICAL = humaneval.read_problems()[0]["canonical_solution"]
+WRONG = "    return True\n"
+
+
+def reply(request: dict, index: int) -> str:
+    """The function body: the canonical one when the harness asks for `right`, else a wrong one."""
+    return CANONICAL if request["messages"][-1]["content"].startswith("right") else WRONG
+
+
+@pytest.fixture(scope="module")
+def upstream() -> Iterator[FakeVLLM]:
+    with FakeVLLM(reply, model=MODEL) as fake:
+        yield fake
+
+
+@pytest.fixture(scope="module")
+def server(upstream: FakeVLLM, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    workdir = tmp_path_factory.mktemp("coding_rollout")
+    process = ServerProcess(workdir / "otel_rl.duckdb", workdir, flags=("--vllm", upstream.base_url)).start()
+    yield process
+    process.stop()
+
+
+def controller(server: ServerProcess, launcher: CodingLauncher, probes: dict, log_dir: Path) -> Controller:
+    client = ServerClient(server.http_url, server.token)
+    settings = ControllerSettings(
+        command=[sys.executable, str(HARNESS), json.dumps(probes)], timeout_s=60, max_attempts=1,
+        log_dir=log_dir,
+    )  # fmt: skip
+    return Controller(
+        settings, otlp_endpoint=server.http_url, openai_base_url=f"{server.http_url}/v1", token=server.token,
+        issue_key=client.issue_rollout_key, revoke_key=client.revoke_rollout_key, launcher=launcher,
+    )  # fmt: skip
+
+
+def test_a_sandboxed_rollout_is_rewarded_by_the_grader_and_sees_only_the_gateway(
+    server: ServerProcess, upstream: FakeVLLM, tmp_path: Path
+) -> None:
+    task_set = load_tasks(humaneval_task_file(tmp_path, count=1))
+    task = task_set.tasks[0]
+    client = ServerClient(server.http_url, server.token)
+    launcher = CodingLauncher(
+        task_set, admin_token=server.token, post_reward=client.post_reward, limits=LIMITS,
+        grader_limits=LIMITS, binds=[HARNESS.parent],
+    )  # fmt: skip
+    probes = {
+        "model": MODEL,
+        "ports": [upstream.port, server.grpc_port],  # listening on the host's loopback, not forwarded
+        "outside": "10.255.255.1",
+        "host_paths": [str(task_set.path), str(server.db), str(server.workdir)],
+    }
+    rollouts = {
+        answer: Rollout(new_id(), new_id(), task.instance_id, {**agent_task(task), "answer": answer})
+        for answer in ("right", "wrong")
+    }
+    results = controller(server, launcher, probes, tmp_path / "logs").run(list(rollouts.values()))
+    assert [result.status for result in results] == [RolloutStatus.OK, RolloutStatus.OK]
+
+    for answer, rollout in rollouts.items():
+        [attempt] = recorded_attempts(server, rollout.rollout_id, 1)
+        assert attempt["status"] == "ok"
+        report = json.loads(results[list(rollouts).index(answer)].attempts[-1].log_path.read_text())
+        assert report["cwd"] == sandbox.WORKSPACE and len(report["git_log"]) == 1  # no history to mine
+        assert set(report["connects"].values()) == {"ConnectionRefusedError"}, report["connects"]
+        assert report["outside"] == "OSError"  # ENETUNREACH: loopback only
+        assert not any(report["host_paths"].values()), report["host_paths"]
+        visible = report["visible"]
+        assert "OPENAI_API_KEY=orl-rk-" in visible  # the dump reads the environment
+        assert server.token not in visible
+        assert task.test_patch.strip() not in visible and "def check(candidate)" not in visible
+        assert task.patch.strip() not in visible
+
+    rows = server.sql(
+        "SELECT rollout_id, source, value, label, explanation FROM rewards WHERE name = 'outcome' AND "
+        f"rollout_id IN ('{rollouts['right'].rollout_id}', '{rollouts['wrong'].rollout_id}')"
+    ).to_pylist()
+    by = {(row["rollout_id"], row["source"]): row for row in rows}
+    for answer, expected in (("right", 1.0), ("wrong", 0.0)):
+        rollout_id = rollouts[answer].rollout_id
+        assert by[(rollout_id, "grader")]["value"] == expected
+        assert by[(rollout_id, "harness")]["value"] == 1.0  # its own claim, as the harness's
+        explanation = json.loads(by[(rollout_id, "grader")]["explanation"])
+        assert explanation["tests"] == {humaneval.HIDDEN_TEST_ID: "passed" if expected else "failed"}
+        assert (
+            server.scalar(f"SELECT outcome_reward FROM rollouts WHERE rollout_id = '{rollout_id}'")
+            == expected
+        )
+    assert len(rows) == 4
+
+    [span] = server.sql(
+        "SELECT attributes FROM spans WHERE scope_name = 'otel_rl.controller' AND "
+        f"attributes ->> 'otel_rl.rollout.id' = '{rollouts['right'].rollout_id}'"
+    ).to_pylist()
+    attributes = json.loads(span["attributes"]) if isinstance(span["attributes"], str) else span["attributes"]
+    assert attributes[attr.SANDBOX_MODE] == "bubblewrap"
+    assert attributes[attr.SANDBOX_LIMITS + "cpu_seconds"] == 60
+    assert attributes[attr.GRADE_OUTCOME] == "graded" and attributes[attr.GRADE_REWARD] == 1
+    harness_resource = server.sql(
+        "SELECT resource_attributes FROM spans WHERE name = 'self_check' AND "
+        f"resource_attributes ->> 'otel_rl.rollout.id' = '{rollouts['right'].rollout_id}'"
+    ).to_pylist()
+    assert len(harness_resource) == 1 and "otel_rl.sandbox.mode" in str(harness_resource[0])
+
+
+def test_the_launcher_refuses_to_hand_the_harness_a_secret(server: ServerProcess, tmp_path: Path) -> None:
+    task_set = load_tasks(humaneval_task_file(tmp_path, count=1))
+    task = task_set.tasks[0]
+    launcher = CodingLauncher(task_set, admin_token=server.token, post_reward=lambda body: None)
+    leaky = [
+        Rollout(
+            new_id(), new_id(), task.instance_id, {**agent_task(task), "answer": "right", "patch": task.patch}
+        ),
+        Rollout(new_id(), new_id(), task.instance_id, {**agent_task(task), "answer": server.token}),
+    ]
+    results = controller(server, launcher, {"model": MODEL}, tmp_path / "logs").run(leaky)
+    assert [result.status for result in results] == [RolloutStatus.INFRA_ERROR] * 2
+    logs = [result.attempts[-1].log_path.read_text() for result in results]
+    assert "grader-side fields" in logs[0] and "would be handed the admin token" in logs[1]
+    with pytest.raises(ValueError, match="would show"):
+        CodingLauncher(task_set, admin_token="x", post_reward=lambda body: None, binds=[tmp_path])
+
+
+def test_the_reward_body_names_the_grader_and_carries_the_tests() -> None:
+    from otel_rl.coding.grader import GradeResult
+
+    result = GradeResult(
+        instance_id="t", outcome="graded", reward=0, tests={"a::b": "failed"}, dropped_paths=["conftest.py"],
+        seconds=1.0,
+    )  # fmt: skip
+    rollout = Rollout("r" * 32, "g", "t", {})
+    body = reward_body(rollout, result)
+    assert body["source"] == "grader" and body["value"] == 0.0 and body["label"] == "fail"
+    assert json.loads(body["explanation"]) == {"tests": {"a::b": "failed"}, "dropped_paths": ["conftest.py"]}
