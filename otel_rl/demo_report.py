@@ -53,7 +53,8 @@ SQL_TO_TRY = (
     ("training steps", "SELECT attributes->>'otel_rl.train.step' AS step, "
      "attributes->>'otel_rl.train.reward_mean' AS reward, attributes->>'otel_rl.train.trainer.mismatch' "
      "AS mismatch FROM spans WHERE name = 'otel_rl.train.step' AND sender IN ('server', 'admin') "
-     "ORDER BY commit_seq, start_time_unix_nano"),
+     # the online steps: stage 1's SFT records its updates too (no rollouts of their own, so no reward)
+     "AND attributes->>'otel_rl.train.reward_mean' IS NOT NULL ORDER BY commit_seq, start_time_unix_nano"),
 )  # fmt: skip
 
 

@@ -116,7 +116,7 @@ def train_loop(
             if recorder is not None:
                 trained = {k: float(v) for k, v in metrics.items() if k not in ("step", "train_seconds")}
                 update = UpdateRecord(number, number, metrics["train_seconds"], trained)
-                recorder.record(attr.TRAIN_STEP_SPAN_NAME, update, started_ns)
+                recorder.record(attr.TRAIN_STEP_SPAN_NAME, update, started_ns, flush=False)
             progress.update(bar, advance=1, m=_brief(metrics))
             if number % config.save_every == 0 or number == config.steps:
                 checkpoint = trainer.save(config.output_dir / f"step-{number}")

@@ -84,7 +84,16 @@ class RunRecorder:
         self._provider.add_span_processor(BatchSpanProcessor(exporter, schedule_delay_millis=200))
         self._tracer = self._provider.get_tracer(attr.TRAIN_SCOPE)
 
-    def record(self, name: str, record: StepRecord | EvalRecord | UpdateRecord, started_ns: int) -> None:
+    def record(
+        self,
+        name: str,
+        record: StepRecord | EvalRecord | UpdateRecord,
+        started_ns: int,
+        *,
+        flush: bool = True,
+    ) -> None:
+        """Export one record as a span: at once with `flush` (an online step is slow, and must not be lost
+        with a killed loop), else with the next batch (offline updates are quick; close() sends the rest)."""
         values = asdict(record)
         trainer = values.pop("trainer", {})
         attributes: dict[str, Any] = {
@@ -96,7 +105,8 @@ class RunRecorder:
         }
         attributes |= {f"{attr.TRAIN_PREFIX}trainer.{key}": value for key, value in trainer.items()}
         self._tracer.start_span(name, attributes=attributes, start_time=started_ns).end()
-        self._provider.force_flush()
+        if flush:
+            self._provider.force_flush()
 
     def close(self) -> None:
         self._provider.shutdown()
