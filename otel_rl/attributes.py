@@ -10,12 +10,14 @@ SPLIT = "otel_rl.split"  # "train" | "val"
 IDENTITY_KEYS = (ROLLOUT_ID, ATTEMPT_ID, GROUP_ID, TASK_ID, SPLIT)
 
 # Rollout outcome as recorded by the rollout controller (or the SDK's rollout span).
-ROLLOUT_STATUS = "otel_rl.rollout.status"  # "ok" | "error" | "timeout" | "crashed" | "infra_error"
+# "ok" | "error" | "timeout" | "crashed" | "infra_error" | "truncated"
+ROLLOUT_STATUS = "otel_rl.rollout.status"
 ROLLOUT_EXIT_CODE = "otel_rl.rollout.exit_code"
 ROLLOUT_SPAN_NAME = "otel_rl.rollout"
 # The harness's rollout span, opened by `otel_rl.rollout()` (scope SDK_SCOPE); ERROR when its block raised.
 SDK_ROLLOUT_SPAN_NAME = "rollout"
-# Why an episode was cut short ("time"): such a rollout is left out of training, never scored 0.
+# Why an episode was cut short ("time", "harness_limit"): such a rollout is left out of training, never
+# scored 0.
 ROLLOUT_TRUNCATED = "otel_rl.rollout.truncated"
 
 # A coding rollout's sandbox (resource attributes of its harness, and on the controller's rollout span):

@@ -10,6 +10,7 @@ import pytest
 from coding_tasks import humaneval_task_file
 from fake_vllm import MODEL, FakeVLLM
 from otel_rl_server import ServerProcess
+from samples_data import calls_frame, rewards_frame, rollouts_frame
 from test_controller import recorded_attempts
 
 from otel_rl import attributes as attr
@@ -18,6 +19,8 @@ from otel_rl.coding.rollout import CodingLauncher, agent_task, reward_body
 from otel_rl.coding.tasks import load_tasks
 from otel_rl.controller import Controller, ControllerSettings, Rollout, RolloutStatus, new_id
 from otel_rl.train.server_client import ServerClient
+from otel_rl.transforms.rewards import RewardSpec
+from otel_rl.transforms.samples import SampleOptions, exclude_rollouts
 
 HARNESS = Path(__file__).parent / "harnesses" / "sandboxed_coder.py"
 LIMITS = sandbox.Limits(cpu_seconds=60, wall_seconds=60)
@@ -27,7 +30,7 @@ WRONG = "    return True\n"
 
 def reply(request: dict, index: int) -> str:
     """The function body: the canonical one when the harness asks for `right`, else a wrong one."""
-    return CANONICAL if request["messages"][-1]["content"].startswith("right") else WRONG
+    return CANONICAL if request["messages"][-1]["content"].startswith(("right", "truncate")) else WRONG
 
 
 @pytest.fixture(scope="module")
@@ -64,7 +67,7 @@ def test_a_sandboxed_rollout_is_rewarded_by_the_grader_and_sees_only_the_gateway
     client = ServerClient(server.http_url, server.token)
     launcher = CodingLauncher(
         task_set, admin_token=server.token, post_reward=client.post_reward, limits=LIMITS,
-        grader_limits=LIMITS, binds=[HARNESS.parent],
+        grader_limits=LIMITS, binds=[HARNESS.parent], truncated_exit_codes=[75],
     )  # fmt: skip
     probes = {
         "model": MODEL,
@@ -123,6 +126,43 @@ def test_a_sandboxed_rollout_is_rewarded_by_the_grader_and_sees_only_the_gateway
         f"resource_attributes ->> 'otel_rl.rollout.id' = '{rollouts['right'].rollout_id}'"
     ).to_pylist()
     assert len(harness_resource) == 1 and "otel_rl.sandbox.mode" in str(harness_resource[0])
+
+
+def test_an_episode_cut_by_its_harness_limit_is_truncated_not_graded_and_left_out_of_training(
+    server: ServerProcess, tmp_path: Path
+) -> None:
+    task_set = load_tasks(humaneval_task_file(tmp_path, count=1))
+    task = task_set.tasks[0]
+    client = ServerClient(server.http_url, server.token)
+    launcher = CodingLauncher(
+        task_set, admin_token=server.token, post_reward=client.post_reward, limits=LIMITS,
+        binds=[HARNESS.parent], truncated_exit_codes=[75],
+    )  # fmt: skip
+    rollout = Rollout(new_id(), new_id(), task.instance_id, {**agent_task(task), "answer": "truncate"})
+    [result] = controller(server, launcher, {"model": MODEL}, tmp_path / "logs").run([rollout])
+    assert result.status is RolloutStatus.TRUNCATED and result.attempts[-1].exit_code == 75
+    [attempt] = recorded_attempts(server, rollout.rollout_id, 1)
+    assert attempt["status"] == "truncated"
+    assert (
+        server.scalar(f"SELECT status FROM rollouts WHERE rollout_id = '{rollout.rollout_id}'") == "truncated"
+    )
+    [attributes] = server.sql(
+        "SELECT attributes ->> 'otel_rl.rollout.truncated' AS truncated, "
+        "attributes ->> 'otel_rl.grade.outcome' AS outcome FROM spans"
+        " WHERE scope_name = 'otel_rl.controller' "
+        f"AND attributes ->> 'otel_rl.rollout.id' = '{rollout.rollout_id}'"
+    ).to_pylist()
+    assert attributes == {"truncated": "harness_limit", "outcome": "not_graded"}
+    # the right fix it wrote is not graded: no reward at all
+    assert server.scalar(f"SELECT count(*) FROM rewards WHERE rollout_id = '{rollout.rollout_id}'") == 0
+
+
+def test_samples_leave_truncated_rollouts_out_even_with_a_reward_or_a_fill_value() -> None:
+    rollouts = rollouts_frame(("cut", "g", "truncated"), ("done", "g", "ok"))
+    rewards = rewards_frame(("cut", 0.0), ("done", 1.0))
+    for options in (SampleOptions(), SampleOptions(reward=RewardSpec(missing=0.0))):
+        kept, dropped, _ = exclude_rollouts(rollouts, calls_frame(), rewards, options)
+        assert kept["rollout_id"].to_list() == ["done"] and dropped == {"truncated": 1}
 
 
 def test_the_launcher_refuses_to_hand_the_harness_a_secret(server: ServerProcess, tmp_path: Path) -> None:

@@ -96,13 +96,17 @@ class CodingAttempt:
     workspace: Path
     gate: int
 
-    async def finish(self, status: RolloutStatus, span: Span) -> RolloutStatus:
+    async def finish(self, status: RolloutStatus, returncode: int | None, span: Span) -> RolloutStatus:
         if not sandbox.command_started(self.gate):
             span.set_attribute(attr.GRADE_OUTCOME, "not_graded")
             span.set_attribute(attr.GRADE_ERROR, "the sandbox did not start (bwrap's error is in the log)")
             return RolloutStatus.INFRA_ERROR
         if status is RolloutStatus.TIMEOUT:
             span.set_attribute(attr.ROLLOUT_TRUNCATED, "time")
+        if status is RolloutStatus.ERROR and returncode in self.launcher.truncated_exit_codes:
+            span.set_attribute(attr.ROLLOUT_TRUNCATED, "harness_limit")
+            span.set_attribute(attr.GRADE_OUTCOME, "not_graded")
+            return RolloutStatus.TRUNCATED
         if status not in GRADED:  # cut short or crashed: not the agent's finished work, never a 0
             span.set_attribute(attr.GRADE_OUTCOME, "not_graded")
             return status
@@ -149,7 +153,9 @@ def reward_body(rollout: Rollout, result: GradeResult) -> dict[str, Any]:
 
 class CodingLauncher:
     """The controller's launcher (otel_rl/controller/launcher.py) for coding tasks. `binds`: read-only host
-    folders the harness itself needs (its script, a CLI's install), seen inside at the same path."""
+    folders the harness itself needs (its script, a CLI's install), seen inside at the same path;
+    `truncated_exit_codes`: the harness's exit statuses that mean its episode was cut by a turn or context
+    limit (status `truncated`: not graded, left out of training)."""
 
     def __init__(
         self,
@@ -160,6 +166,7 @@ class CodingLauncher:
         limits: sandbox.Limits = AGENT_LIMITS,
         grader_limits: sandbox.Limits = GRADER_LIMITS,
         binds: Sequence[Path] = (),
+        truncated_exit_codes: Sequence[int] = (),
     ) -> None:
         sandbox.probe_user_namespaces()  # no sandbox here: stop now, saying what to enable
         self.task_set = task_set
@@ -167,6 +174,8 @@ class CodingLauncher:
         self.grader_limits = grader_limits
         self._admin_token = admin_token
         self.post_reward = post_reward
+        # the harness's exits that say its CLI stopped at its own turn or context limit
+        self.truncated_exit_codes = frozenset(truncated_exit_codes)
         self.binds = tuple(sandbox.Bind(path.resolve(), str(path.resolve())) for path in binds)
         exposed = [task_set.path.resolve(), TOKEN_FILE.resolve()]
         for bind in self.binds:

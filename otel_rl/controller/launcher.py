@@ -29,11 +29,14 @@ class Launch:
 
 class LaunchedAttempt(Protocol):
     """One attempt, prepared; `finish` runs once its process has exited, before its span ends, and returns
-    the attempt's final status (an infrastructure failure found afterwards turns it into `infra_error`)."""
+    the attempt's final status (an infrastructure failure found afterwards turns it into `infra_error`, an
+    exit that says the harness hit its turn or context limit into `truncated`)."""
 
     launch: Launch
 
-    async def finish(self, status: "RolloutStatus", span: Span) -> "RolloutStatus": ...
+    async def finish(
+        self, status: "RolloutStatus", returncode: int | None, span: Span
+    ) -> "RolloutStatus": ...
 
 
 class Launcher(Protocol):

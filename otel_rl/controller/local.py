@@ -42,6 +42,8 @@ class RolloutStatus(StrEnum):
     TIMEOUT = "timeout"  # ran past timeout_s; its process group was killed
     CRASHED = "crashed"  # killed by a signal the controller did not send
     INFRA_ERROR = "infra_error"  # could not be started (or was cancelled by the controller)
+    # cut by the harness's own turn or context limit, as a launcher reads its exit: left out of training
+    TRUNCATED = "truncated"
 
 
 RETRIED = frozenset({RolloutStatus.TIMEOUT, RolloutStatus.CRASHED, RolloutStatus.INFRA_ERROR})
@@ -289,7 +291,7 @@ class Controller:
                 pass_fds=launch.pass_fds,
                 timeout_s=min(self.settings.timeout_s, launch.timeout_s or self.settings.timeout_s),
             )
-            return await attempt.finish(status, span), returncode
+            return await attempt.finish(status, returncode, span), returncode
 
     async def _spawn_and_wait(
         self,

@@ -27,6 +27,8 @@ SHOWN_SOURCE_CHARS = 64  # a source is the sender's text: reports cut it
 
 # Statuses that say the infrastructure failed, not the policy: such rollouts are excluded, never scored 0.
 INFRA_FAILURE_STATUSES = ("timeout", "crashed", "infra_error")
+# An episode cut by its harness's turn or context limit: excluded (masked from the loss), never scored 0.
+TRUNCATED_STATUS = "truncated"
 
 
 @dataclass(frozen=True)

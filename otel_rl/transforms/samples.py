@@ -13,6 +13,7 @@ from otel_rl.transforms.limits import Limits, apply_limits
 from otel_rl.transforms.merge import Break, merge_segments
 from otel_rl.transforms.rewards import (
     INFRA_FAILURE_STATUSES,
+    TRUNCATED_STATUS,
     RewardSpec,
     attach_turn_rewards,
     outcome_rewards,
@@ -143,7 +144,8 @@ def exclude_rollouts(
     with untrusted rewards only, counted by source.
 
     Infrastructure failures (status timeout / crashed / infra_error, or a failed model call unless
-    `skip_error_calls`) and unfinished rollouts are excluded, never scored 0. Then a rollout needs a trusted
+    `skip_error_calls`), episodes cut by a turn or context limit (status truncated) and unfinished rollouts
+    are excluded, never scored 0. Then a rollout needs a trusted
     reward, unless `reward.missing` gives a fill value: without one it is dropped as `untrusted_reward` when
     rewards of the name came from other sources only, else as `missing_reward`.
     """
@@ -151,6 +153,8 @@ def exclude_rollouts(
     reason = (
         pl.when(pl.col("status").is_in(INFRA_FAILURE_STATUSES))
         .then(pl.format("status_{}", "status"))
+        .when(pl.col("status") == TRUNCATED_STATUS)
+        .then(pl.lit("truncated"))
         .when(pl.col("status") == "running")
         .then(pl.lit("still_running"))
     )

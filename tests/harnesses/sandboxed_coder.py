@@ -1,6 +1,6 @@
-"""A scripted coding harness for the sandboxed rollout test: asks the gateway (openai SDK, its rollout key)
-for a function body, writes it into solution.py, reports its own reward 1.0 as a forged `grader`, and prints
-what it can reach and see inside the sandbox as one JSON line."""
+"""A scripted coding harness for the sandboxed rollout test: asks the gateway (openai SDK, its rollout
+key) for a function body and writes it into solution.py (then exits 75, "cut by its turn limit", when told
+to); reports its own reward 1.0 as a forged `grader`; prints what it can reach and see inside as JSON."""
 
 import contextlib
 import json
@@ -67,6 +67,8 @@ def main() -> None:
     source = Path("solution.py")
     body = reply.choices[0].message.content
     source.write_text(source.read_text().replace("    raise NotImplementedError\n", body))
+    if task["answer"] == "truncate":
+        sys.exit(75)  # as a recipe reports that its CLI stopped at its turn limit
     forge_reward()
     report = {
         "cwd": os.getcwd(),
