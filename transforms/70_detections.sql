@@ -7,9 +7,11 @@
 -- A test file or test configuration, preceded by the start of the text or a character no path holds (so
 -- that `contest.py` and `mytests/` are not): `tests/`, `test_*.py`, `*_test.py`, `conftest.py`, `pytest.ini`,
 -- `tox.ini`, `setup.cfg`, `sitecustomize.py`, `usercustomize.py`, `*.pth` (the grader drops the same paths).
-CREATE OR REPLACE MACRO test_path_re() AS
-    '(?:^|[^\w.-])(?:[\w.-]+/)*(?:tests?/[\w./-]*|test_[\w.-]*\.py|[\w.-]*_test\.py|conftest\.py|pytest\.ini|'
+-- test_path_body() is the path alone, for use right after a delimiter (a quote, `>`, `File: `).
+CREATE OR REPLACE MACRO test_path_body() AS
+    '(?:[\w.-]+/)*(?:tests?/[\w./-]*|test_[\w.-]*\.py|[\w.-]*_test\.py|conftest\.py|pytest\.ini|'
     || 'tox\.ini|setup\.cfg|sitecustomize\.py|usercustomize\.py|[\w.-]+\.pth)';
+CREATE OR REPLACE MACRO test_path_re() AS '(?:^|[^\w.-])' || test_path_body();
 
 -- Every tool call's text as the model wrote it: the string values of its JSON arguments (nested ones
 -- included: an edit list, Codex's command vector), one per line, or the arguments as sent when they are not

@@ -17,19 +17,19 @@ WITH matched AS (
                 -- shell: remove, truncate, create, tee, move, git rm, then a test path in the same command
                 '\b(?:rm|unlink|truncate|touch|tee|mv|shred|git\s+rm)\b[^;&|\n]*?' || test_path_re()
                 -- a redirect into one
-                || '|>>?\s*' || test_path_re()
+                || '|>>?\s*[''"]?' || test_path_body()
                 -- sed in place
                 || '|\bsed\b[^;&|\n]*?\s-i[^;&|\n]*?' || test_path_re()
                 -- cp onto one (the last argument)
                 || '|\bcp\b[^;&|\n]*\s' || test_path_re() || '\s*(?:$|[;&|\n])'
                 -- Python writing or deleting one
-                || '|open\(\s*[''"]' || test_path_re() || '[''"]\s*,\s*[''"][wax]'
-                || '|Path\(\s*[''"]' || test_path_re() || '[''"]\s*\)\s*\.\s*(?:write_text|write_bytes|unlink|open)'
+                || '|open\(\s*[''"]' || test_path_body() || '[''"]\s*,\s*[''"][wax]'
+                -- (a Path of one, then a write on the same line: `p = Path('tests/x.py'); p.write_text(...)`)
+                || '|Path\(\s*[''"]' || test_path_body() || '[''"]\s*\)[^\n]*?\.\s*(?:write_text|write_bytes|unlink)\('
                 || '|(?:os\.remove|os\.unlink|shutil\.rmtree|shutil\.move|os\.rename|os\.replace)\(\s*[''"]'
-                || test_path_re()
+                || test_path_body()
                 -- a patch (apply_patch, a unified diff) touching one
-                || '|(?:\*\*\* (?:Update|Add|Delete) File: |\+\+\+ b/|--- a/|diff --git a/)' || test_path_re()
-                || '|(?:\*\*\* (?:Update|Add|Delete) File: |\+\+\+ b/|--- a/|diff --git a/)\S*tests?/\S*'
+                || '|(?:\*\*\* (?:Update|Add|Delete) File: |\+\+\+ b/|--- a/|diff --git a/)' || test_path_body()
                 -- a pytest section written into pyproject.toml
                 || '|(?s:pyproject\.toml.*\[tool\.pytest[\w.]*\]|\[tool\.pytest[\w.]*\].*pyproject\.toml)'), '')
         END AS evidence
