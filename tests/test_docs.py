@@ -25,18 +25,17 @@ def run_journey(pages: list[Path], folder: Path) -> str:
     assert result.returncode == 0, (
         f"{[p.name for p in pages]} failed after {took:.0f} s:\n{result.stdout[-6000:]}"
     )
-    starts = re.findall(r"^## (\S+?):\d+ at (\d+) s$", result.stdout, re.MULTILINE)
+    starts = re.findall(r"## (\S+?):\d+ at (\d+) s", result.stdout)
     print(f"{' + '.join(p.name for p in pages)}: {took:.1f} s; pages start at {dict(reversed(starts))}")
     return result.stdout
 
 
 def test_the_first_hour_as_written_traces_agents_exports_samples_and_trains(tmp_path: Path) -> None:
     """The quick start (model server, calculator agent, SQL), then in its folder the zero-code page, the
-    samples export and a first offline run, as one reader would follow them."""
-    output = run_journey(
-        [DOCS / page for page in ("quickstart.md", "zero-code.md", "samples.md", "training.md", "ui.md")],
-        tmp_path,
-    )
+    gateway's APIs by hand, the samples export, a first offline run and the web view's data, as one reader
+    would follow them."""
+    pages = ("quickstart.md", "zero-code.md", "harnesses.md", "samples.md", "training.md", "ui.md")
+    output = run_journey([DOCS / page for page in pages], tmp_path)
     db = [tmp_path / ".otel_rl" / "otel_rl.duckdb"]
     rollouts = query("SELECT rollout_id, status, n_calls FROM rollouts ORDER BY rollout_id", db=db)
     calculator = rollouts.filter(pl.col("rollout_id") != "r-0001")
@@ -47,8 +46,9 @@ def test_the_first_hour_as_written_traces_agents_exports_samples_and_trains(tmp_
         " FROM llm_calls",
         db=db,
     )
-    # Through the gateway: the exact tokens of every call were recorded, the zero-code agent's call included.
-    assert calls.height == calculator["n_calls"][0] + 1
+    # Through the gateway: the exact tokens of every call were recorded, the zero-code agent's call and the
+    # two of harnesses.md's curl included.
+    assert calls.height == calculator["n_calls"][0] + 1 + 2
     assert calls.filter(pl.col("rollout_id") == "r-0001").height == 1
     assert (calls["n_prompt"] > 0).all() and (calls["n_completion"] > 0).all()
     samples = pl.read_parquet(tmp_path / "samples.parquet")
