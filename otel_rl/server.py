@@ -44,6 +44,7 @@ class ServeSettings:
     # Gateway (docs/gateway.md): a local vLLM started for this model folder, and/or running vLLM servers.
     model: Path | None = None
     lora_rank: int | None = None  # the local vLLM loads LoRA adapters up to this rank (`lora_adapter`)
+    max_model_len: int | None = None  # the local vLLM's context, in tokens; None: what the model declares
     vllm: tuple[str, ...] = ()
     forward_otlp: str | None = None  # also send the gateway's spans to this OTLP/HTTP traces endpoint
     split_sampling: dict | None = None  # {"train": {...}, "val": {...}}; None: the gateway's defaults
@@ -229,7 +230,11 @@ def _gateway(settings: ServeSettings, store, auth):  # noqa: ANN001, ANN202 - la
     from otel_rl.gateway.settings import GatewaySettings
     from otel_rl.gateway.vllm import VLLMServer
 
-    local = VLLMServer(settings.model, lora_rank=settings.lora_rank) if settings.model is not None else None
+    local = (
+        VLLMServer(settings.model, lora_rank=settings.lora_rank, max_model_len=settings.max_model_len)
+        if settings.model is not None
+        else None
+    )
     servers = ((local.url,) if local else ()) + tuple(settings.vllm)
     options = {"split_sampling": settings.split_sampling} if settings.split_sampling is not None else {}
     if settings.request_limits is not None:
@@ -282,6 +287,14 @@ def serve(
     lora_rank: Annotated[
         int | None,
         typer.Option(help="Let the local vLLM load LoRA adapters up to this rank (8, 16, 32, ...)"),
+    ] = None,
+    max_model_len: Annotated[
+        int | None,
+        typer.Option(
+            min=1,
+            help="Context of the local vLLM, prompt plus answer, in tokens (default: what --model's config "
+            "declares; never more)",
+        ),
     ] = None,
     vllm: Annotated[
         list[str] | None,
@@ -385,6 +398,10 @@ def serve(
     from otel_rl.store.retention import PolicyError
     from otel_rl.ui.link import web_view_line
 
+    if max_model_len is not None and model is None:  # it sizes the local vLLM only
+        raise typer.BadParameter(
+            "needs --model: it is the context of the vLLM started for it", param_hint="--max-model-len"
+        )
     try:  # before the store opens
         archive = ScheduleSettings.from_flags(archive_after_days, retain_days, retain_bytes)
     except PolicyError as error:
@@ -403,6 +420,7 @@ def serve(
         query_concurrency=query_concurrency,
         model=model,
         lora_rank=lora_rank,
+        max_model_len=max_model_len,
         vllm=tuple(vllm or ()),
         forward_otlp=forward_otlp,
         split_sampling=_json_option("--split-sampling", split_sampling),

@@ -85,6 +85,7 @@ _GENERIC = (
 # The tokenizer does not depend on the model seed or shape, so checkpoints of any seed share one vocabulary.
 TOKENIZER_CORPUS_SEED = 1234
 VOCAB_TARGET = 512  # ≈300 merges: the calculator task's words, numbers and JSON punctuation
+MAX_POSITIONS = 1 << 20  # rotary positions cost nothing to declare; vLLM's KV cache bounds what is served
 _SPECIAL_SPLIT = re.compile("|".join(re.escape(t) for t in SPECIAL_TOKENS + TOOL_CALL_TOKENS))
 
 
@@ -217,13 +218,28 @@ def init_command(
         int, typer.Option(help="Size of each head (vLLM's CPU attention: 64+).")
     ] = TinyModelShape.head_dim,
     mlp: Annotated[int, typer.Option(help="MLP intermediate size.")] = TinyModelShape.mlp,
+    max_positions: Annotated[
+        int,
+        typer.Option(
+            min=16,
+            max=MAX_POSITIONS,
+            help="Context the model declares, in tokens (rotary: no weights depend on it). A coding CLI's "
+            "first prompt needs ~34K: give 65536.",
+        ),
+    ] = TinyModelShape.max_positions,
 ) -> None:
     """Build a seeded tokenizer and Qwen2 model into DIRECTORY (offline, a few seconds)."""
     from transformers.utils import logging
 
     logging.disable_progress_bar()  # saving one small file needs no progress bar
     shape = TinyModelShape(
-        hidden=hidden, layers=layers, heads=heads, kv_heads=kv_heads, head_dim=head_dim, mlp=mlp
+        hidden=hidden,
+        layers=layers,
+        heads=heads,
+        kv_heads=kv_heads,
+        head_dim=head_dim,
+        mlp=mlp,
+        max_positions=max_positions,
     )
     try:
         path = init_model(directory, seed=seed, shape=shape)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import fcntl
 import hashlib
+import json
 import os
 import shutil
 import signal
@@ -38,6 +39,7 @@ SERVER_FLAGS = (
     "--enable-auto-tool-choice", "--tool-call-parser", "hermes",
     "--enable-prompt-tokens-details",
 )  # fmt: skip
+MAX_CONFIG_BYTES = 1024 * 1024  # a model's config.json is a few KB
 # The ranks vLLM accepts as the largest LoRA rank it reserves room for (`--max-lora-rank`).
 LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
 SERVER_ENV = {
@@ -137,6 +139,28 @@ def _tail(path: Path, lines: int = 40) -> str:
     return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
 
 
+def _context_length(config_path: Path, asked: int | None) -> int:
+    """The context to serve: `asked`, checked against what the model's config declares, or the declared."""
+    if config_path.stat().st_size > MAX_CONFIG_BYTES:
+        raise ValueError(f"{config_path} is over {MAX_CONFIG_BYTES} bytes; is it a model's config?")
+    try:
+        declared = json.loads(config_path.read_bytes()).get("max_position_embeddings")
+    except (json.JSONDecodeError, UnicodeDecodeError, AttributeError) as error:
+        raise ValueError(f"{config_path} is not a JSON object: {error}") from None
+    if asked is not None and asked < 1:
+        raise ValueError(f"max_model_len must be a positive number of tokens, not {asked}")
+    if not isinstance(declared, int) or isinstance(declared, bool) or declared < 1:
+        if asked is None:
+            raise ValueError(f"{config_path} declares no max_position_embeddings; give max_model_len")
+        return asked
+    if asked is not None and asked > declared:
+        raise ValueError(
+            f"max_model_len {asked} is over the {declared} positions {config_path} declares; "
+            "build the model with more (otel-rl model init --max-positions)"
+        )
+    return declared if asked is None else asked
+
+
 def free_ports(n: int) -> list[int]:
     """`n` distinct free loopback ports. The sockets are bound together: ports taken one at a time can come
     back the same (the OS may hand out a port again once its socket is closed)."""
@@ -161,11 +185,12 @@ class VLLMServer:
         served_model_name: str | None = None,
         log_path: str | Path | None = None,
         lora_rank: int | None = None,
-        max_model_len: int = 512,
+        max_model_len: int | None = None,
     ) -> None:
         """`lora_rank`: serve LoRA adapters up to this rank, loaded at run time (the gateway's light reload
-        path, docs/gateway.md); None: LoRA off. `max_model_len`: prompt plus completion, in tokens (the
-        demo's calls fit in 512; a coding CLI's first prompt is ~34K tokens)."""
+        path, docs/gateway.md); None: LoRA off. `max_model_len`: prompt plus completion, in tokens, at most
+        what the model's config declares; None: the declared length (a coding CLI's first prompt needs
+        ~34K tokens of the tiny model's vocabulary: `otel-rl model init --max-positions`)."""
         if lora_rank is not None and lora_rank not in LORA_RANKS:
             raise ValueError(
                 f"lora_rank must be one of {LORA_RANKS} (vLLM's --max-lora-rank), not {lora_rank}"
@@ -177,7 +202,7 @@ class VLLMServer:
         self.served_model_name = served_model_name or self.model_dir.name
         self.log_path = Path(log_path) if log_path else None
         self.lora_rank = lora_rank
-        self.max_model_len = max_model_len
+        self.max_model_len = _context_length(self.model_dir / "config.json", max_model_len)
         self._process: subprocess.Popen[bytes] | None = None
         self._scratch: tempfile.TemporaryDirectory[str] | None = None
 
