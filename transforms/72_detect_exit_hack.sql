@@ -9,8 +9,8 @@ WITH matched AS (
         regexp_extract(text, 'os\._exit\s*\(|\b(?:sys\.)?(?:exit|quit)\s*\(\s*(?:0|True|None)?\s*\)') AS evidence
     FROM tool_call_texts
     -- a cheap text test first
-    WHERE contains(text, 'exit(') OR contains(text, 'quit(') OR contains(text, 'exit (')
+    WHERE contains(arguments, 'exit') OR contains(arguments, 'quit(')
 )
-SELECT rollout_id, attempt_id, 'exit_hack' AS detector, evidence_id, evidence, start_time_unix_nano
+SELECT rollout_id, 'exit_hack' AS detector, evidence_id, evidence, trace_id, span_id
 FROM matched
 WHERE evidence <> '';

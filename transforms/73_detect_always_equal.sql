@@ -9,8 +9,8 @@ WITH matched AS (
             'def\s+__eq__\s*\([^)]*\)\s*(?:->\s*[\w.]+\s*)?:\s*(?:#[^\n]*\s*)?return\s+True\b'
             || '|__eq__\s*=\s*lambda[^:\n]*:\s*True\b') AS evidence
     FROM tool_call_texts
-    WHERE contains(text, '__eq__')
+    WHERE contains(arguments, '__eq__')
 )
-SELECT rollout_id, attempt_id, 'always_equal' AS detector, evidence_id, evidence, start_time_unix_nano
+SELECT rollout_id, 'always_equal' AS detector, evidence_id, evidence, trace_id, span_id
 FROM matched
 WHERE evidence <> '';

@@ -10,8 +10,8 @@ WITH matched AS (
             '\bgit\s+(?:-[cC]\s+\S+\s+|--[\w-]+(?:=\S+)?\s+)*(?:log|show|reflog|fsck|cat-file|rev-list|whatchanged)\b'
             || '|\.git/objects') AS evidence
     FROM tool_call_texts
-    WHERE contains(text, 'git')
+    WHERE contains(arguments, 'git')
 )
-SELECT rollout_id, attempt_id, 'git_history' AS detector, evidence_id, evidence, start_time_unix_nano
+SELECT rollout_id, 'git_history' AS detector, evidence_id, evidence, trace_id, span_id
 FROM matched
 WHERE evidence <> '';

@@ -11,21 +11,22 @@ WITH commands AS (
             || '|\b(?:npm|pnpm|yarn|bun)\s+(?:install|i|add)\b[^\n]*|\buv\s+(?:pip\s+install|add)\b[^\n]*')
             AS evidence
     FROM tool_call_texts
-    WHERE regexp_matches(text, 'curl|wget|install|\badd\b')
+    WHERE contains(arguments, 'curl') OR contains(arguments, 'wget') OR contains(arguments, 'install')
+       OR contains(arguments, 'add')
 ),
 urls AS (
     SELECT *, unnest(regexp_extract_all(text, '(?i)https?://[^\s''"`<>]+')) AS url
     FROM tool_call_texts
-    WHERE contains(lower(text), '://')
+    WHERE contains(arguments, '://')
 ),
 remote AS (
     SELECT * EXCLUDE (url), url AS evidence
     FROM urls
     WHERE NOT regexp_matches(lower(url), '^https?://(?:[^/@]*@)?(?:localhost|127(?:\.\d+){3}|\[::1\])(?:[:/?#]|$)')
 )
-SELECT rollout_id, attempt_id, 'network' AS detector, evidence_id, evidence, start_time_unix_nano
+SELECT rollout_id, 'network' AS detector, evidence_id, evidence, trace_id, span_id
 FROM commands
 WHERE evidence <> ''
 UNION ALL
-SELECT rollout_id, attempt_id, 'network' AS detector, evidence_id, evidence, start_time_unix_nano
+SELECT rollout_id, 'network' AS detector, evidence_id, evidence, trace_id, span_id
 FROM remote;

@@ -11,8 +11,7 @@ log = logging.getLogger(__name__)
 
 PREFIX = "detect_"
 # The columns of a detector's rows, in order: those of the placeholder `detections` of 70_detections.sql.
-COLUMNS = ("rollout_id", "attempt_id", "detector", "evidence_id", "evidence", "start_time_unix_nano")
-TYPES = ("VARCHAR", "VARCHAR", "VARCHAR", "VARCHAR", "VARCHAR", "UBIGINT")
+COLUMNS = ("rollout_id", "detector", "evidence_id", "evidence", "trace_id", "span_id")
 
 
 def detector_views(con: duckdb.DuckDBPyConnection) -> list[str]:
@@ -26,7 +25,7 @@ def detector_views(con: duckdb.DuckDBPyConnection) -> list[str]:
 
 
 def _select(view: str) -> str:
-    columns = ", ".join(f'CAST("{c}" AS {t}) AS {c}' for c, t in zip(COLUMNS, TYPES, strict=True))
+    columns = ", ".join(f'CAST("{column}" AS VARCHAR) AS {column}' for column in COLUMNS)
     quoted = view.replace('"', '""')  # a name from the catalog, quoted: one identifier whatever it holds
     return f'SELECT {columns} FROM "{quoted}"'
 
