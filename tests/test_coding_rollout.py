@@ -2,14 +2,18 @@
 workspace, against a real `otel-rl serve` on loopback; the grader outside posts the reward as `grader`."""
 
 import json
+import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import yaml
 from coding_tasks import humaneval_task_file
 from fake_vllm import MODEL, FakeVLLM
 from otel_rl_server import ServerProcess
+from pydantic import ValidationError
 from samples_data import calls_frame, rewards_frame, rollouts_frame
 from test_controller import recorded_attempts
 
@@ -18,11 +22,14 @@ from otel_rl.coding import humaneval, sandbox
 from otel_rl.coding.rollout import CodingLauncher, agent_task, reward_body
 from otel_rl.coding.tasks import load_tasks
 from otel_rl.controller import Controller, ControllerSettings, Rollout, RolloutStatus, new_id
+from otel_rl.train.config import TrainConfig
 from otel_rl.train.server_client import ServerClient
 from otel_rl.transforms.rewards import RewardSpec
 from otel_rl.transforms.samples import SampleOptions, exclude_rollouts
 
 HARNESS = Path(__file__).parent / "harnesses" / "sandboxed_coder.py"
+OTEL_RL = str(Path(sys.executable).with_name("otel-rl"))
+PROBES = {"model": MODEL, "ports": [], "outside": "127.0.0.2", "host_paths": []}
 LIMITS = sandbox.Limits(cpu_seconds=60, wall_seconds=60)
 CANONICAL = humaneval.read_problems()[0]["canonical_solution"]
 WRONG = "    return True\n"
@@ -45,6 +52,15 @@ def server(upstream: FakeVLLM, tmp_path_factory: pytest.TempPathFactory) -> Iter
     process = ServerProcess(workdir / "otel_rl.duckdb", workdir, flags=("--vllm", upstream.base_url)).start()
     yield process
     process.stop()
+
+
+def wait_rows(server: ServerProcess, sql: str, count: int, timeout: float = 30) -> list[dict]:
+    """The query's rows once there are `count` (ingest is asynchronous), or the assertion that says which."""
+    deadline = time.monotonic() + timeout
+    while len(rows := server.sql(sql).to_pylist()) < count and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert len(rows) == count, rows
+    return rows
 
 
 def controller(server: ServerProcess, launcher: CodingLauncher, probes: dict, log_dir: Path) -> Controller:
@@ -76,7 +92,8 @@ def test_a_sandboxed_rollout_is_rewarded_by_the_grader_and_sees_only_the_gateway
         "host_paths": [str(task_set.path), str(server.db), str(server.workdir)],
     }
     rollouts = {
-        answer: Rollout(new_id(), new_id(), task.instance_id, {**agent_task(task), "answer": answer})
+        # the harness gets the problem statement from the launcher (agent_task), not from the rollout's task
+        answer: Rollout(new_id(), new_id(), task.instance_id, {"answer": answer})
         for answer in ("right", "wrong")
     }
     results = controller(server, launcher, probes, tmp_path / "logs").run(list(rollouts.values()))
@@ -96,10 +113,12 @@ def test_a_sandboxed_rollout_is_rewarded_by_the_grader_and_sees_only_the_gateway
         assert task.test_patch.strip() not in visible and "def check(candidate)" not in visible
         assert task.patch.strip() not in visible
 
-    rows = server.sql(
+    rows = wait_rows(
+        server,
         "SELECT rollout_id, source, value, label, explanation FROM rewards WHERE name = 'outcome' AND "
-        f"rollout_id IN ('{rollouts['right'].rollout_id}', '{rollouts['wrong'].rollout_id}')"
-    ).to_pylist()
+        f"rollout_id IN ('{rollouts['right'].rollout_id}', '{rollouts['wrong'].rollout_id}')",
+        4,
+    )
     by = {(row["rollout_id"], row["source"]): row for row in rows}
     for answer, expected in (("right", 1.0), ("wrong", 0.0)):
         rollout_id = rollouts[answer].rollout_id
@@ -111,7 +130,6 @@ def test_a_sandboxed_rollout_is_rewarded_by_the_grader_and_sees_only_the_gateway
             server.scalar(f"SELECT outcome_reward FROM rollouts WHERE rollout_id = '{rollout_id}'")
             == expected
         )
-    assert len(rows) == 4
 
     [span] = server.sql(
         "SELECT attributes FROM spans WHERE scope_name = 'otel_rl.controller' AND "
@@ -163,6 +181,34 @@ def test_samples_leave_truncated_rollouts_out_even_with_a_reward_or_a_fill_value
     for options in (SampleOptions(), SampleOptions(reward=RewardSpec(missing=0.0))):
         kept, dropped, _ = exclude_rollouts(rollouts, calls_frame(), rewards, options)
         assert kept["rollout_id"].to_list() == ["done"] and dropped == {"truncated": 1}
+
+
+def test_rollouts_run_with_a_coding_section_sandboxes_and_grades(
+    server: ServerProcess, tmp_path: Path
+) -> None:
+    tasks = humaneval_task_file(tmp_path, count=1)
+    (tmp_path / "train.jsonl").write_text(json.dumps({"id": "HumanEval__0", "answer": "right"}) + "\n")
+    config = {
+        "model": str(tmp_path / "model"),
+        "output_dir": str(tmp_path / "out"),
+        "server": {"url": server.http_url, "token": server.token},
+        "online": {"harness": [sys.executable, str(HARNESS), json.dumps(PROBES)], "timeout_s": 60},
+        "controller": {"coding": {"tasks": str(tasks), "binds": [str(HARNESS.parent)], "cpu_seconds": 60}},
+    }
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump(config))
+    done = subprocess.run(
+        [OTEL_RL, "rollouts", "run", str(tmp_path / "train.jsonl"), "-c", str(tmp_path / "config.yaml")],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    [line] = [json.loads(text) for text in done.stdout.splitlines()]
+    assert line["status"] == "ok"
+    sql = f"SELECT source, value FROM rewards WHERE rollout_id = '{line['rollout_id']}' ORDER BY source"
+    rows = wait_rows(server, sql, 2)
+    assert rows == [{"source": "grader", "value": 1.0}, {"source": "harness", "value": 1.0}]
+    config["controller"] = {"backend": "kubernetes", "coding": config["controller"]["coding"]}
+    with pytest.raises(ValidationError, match="local backend only"):
+        TrainConfig.model_validate(config)
 
 
 def test_the_launcher_refuses_to_hand_the_harness_a_secret(server: ServerProcess, tmp_path: Path) -> None:

@@ -184,20 +184,24 @@ class CodingLauncher:
                     raise ValueError(f"bind {bind.host} would show {secret} inside the sandbox")
 
     def task_of(self, rollout: Rollout) -> Task:
+        """The rollout's task: its task's `instance_id`, else its task id (a training task file's `id`)."""
         instance = rollout.task.get("instance_id", rollout.task_id)
         if not isinstance(instance, str):
             raise TaskError(f"rollout {rollout.rollout_id}: its task's instance_id is not text")
         return self.task_set.get(instance)
+
+    def harness_task(self, rollout: Rollout) -> dict[str, Any]:
+        """The rollout's task with the coding task's agent-side fields (`agent_task`) over it; a task that
+        holds the grader's fields is refused."""
+        if {"patch", "test_patch"} & set(rollout.task):
+            raise ValueError(f"rollout {rollout.rollout_id}: its task holds grader-side fields")
+        return {**rollout.task, **agent_task(self.task_of(rollout))}
 
     @asynccontextmanager
     async def attempt(
         self, rollout: Rollout, identity: Mapping[str, str], argv: Sequence[str], env: Mapping[str, str]
     ) -> AsyncIterator[CodingAttempt]:
         task = self.task_of(rollout)
-        if {"patch", "test_patch"} & set(rollout.task):
-            raise ValueError(
-                f"rollout {rollout.rollout_id}: its task holds grader-side fields: use agent_task"
-            )
         ports = loopback_ports(env)
         inside = inside_environment(env, self.limits)
         problem = secrets_problem(task, [*argv, *inside.keys(), *inside.values()], self._admin_token)

@@ -5,10 +5,12 @@ on a cluster (kubernetes/). Both take the same ControllerSettings (command, limi
 connection to the otel-rl server, and hand back the same RolloutResult.
 """
 
-from typing import Literal, Protocol
+from collections.abc import Callable, Mapping
+from typing import Any, Literal, Protocol
 
 from pydantic import BaseModel, ConfigDict, model_validator
 
+from otel_rl.coding.settings import CodingSection
 from otel_rl.controller.kubernetes.settings import KubernetesSettings
 from otel_rl.controller.local import (
     Controller,
@@ -27,9 +29,14 @@ class ControllerSection(BaseModel):
 
     backend: Literal["local", "kubernetes"] = "local"
     kubernetes: KubernetesSettings | None = None  # required by, and only allowed with, backend kubernetes
+    coding: CodingSection | None = None  # coding tasks: each attempt sandboxed, graded outside (local only)
 
     @model_validator(mode="after")
     def _settings_match_backend(self) -> "ControllerSection":
+        if self.backend == "kubernetes" and self.coding is not None:
+            raise ValueError(
+                "`controller.coding` runs on the local backend only (the sandbox in a Job: not yet)"
+            )
         if self.backend == "kubernetes" and self.kubernetes is None:
             raise ValueError(
                 "backend kubernetes needs a `controller.kubernetes` section (template, namespace)"
@@ -79,11 +86,13 @@ def open_controller(
     issue_key: KeyIssuer,
     revoke_key: KeyRevoker,
     run_id: str = "",
+    post_reward: Callable[[Mapping[str, Any]], None] | None = None,
 ) -> RolloutRunner:
     """A rollout runner for the configured backend; close it with `await runner.aclose()`.
 
     `revoke_key` is called with an attempt's identity once it has ended: its key stops working.
     `run_id` labels the Kubernetes Jobs of one training run (the local backend has no use for it).
+    `post_reward` posts a grader's reward with the admin token: needed with a `coding` section.
     """
     connection = {
         "otlp_endpoint": otlp_endpoint,
@@ -97,4 +106,9 @@ def open_controller(
 
         assert section.kubernetes is not None  # the section's validator guarantees it
         return KubernetesController(settings, section.kubernetes, run_id=run_id, **connection)
-    return LocalRunner(Controller(settings, **connection))
+    if section.coding is None:
+        return LocalRunner(Controller(settings, **connection))
+    if post_reward is None:
+        raise ValueError("a `controller.coding` section needs post_reward: the grader's rewards are posted")
+    launcher = section.coding.launcher(admin_token=token, post_reward=post_reward)
+    return LocalRunner(Controller(settings, **connection, launcher=launcher))

@@ -5,7 +5,7 @@ from collections.abc import Mapping, Sequence
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from opentelemetry.trace import Span
 from opentelemetry.util.types import AttributeValue
@@ -42,6 +42,10 @@ class LaunchedAttempt(Protocol):
 class Launcher(Protocol):
     """Wraps each attempt. `env` is the contract's variables and the user's `env` setting only: nothing of
     the controller's own environment (which may hold the admin token) reaches a launcher."""
+
+    def harness_task(self, rollout: "Rollout") -> Mapping[str, Any]:
+        """The task the harness receives (OTEL_RL_TASK, `{task}`) in place of the rollout's own."""
+        ...
 
     def attempt(
         self, rollout: "Rollout", identity: Mapping[str, str], argv: Sequence[str], env: Mapping[str, str]

@@ -267,6 +267,7 @@ class Controller:
         self, rollout: Rollout, identity: Mapping[str, str], span: Span, log_path: Path
     ) -> tuple[RolloutStatus, int | None]:
         api_key = await asyncio.to_thread(self._issue_key, identity)
+        task = rollout.task if self._launcher is None else self._launcher.harness_task(rollout)
         env = harness_environment(
             inherited=os.environ if self._launcher is None else {},
             user_env=self.settings.env,
@@ -275,9 +276,9 @@ class Controller:
             api_key=api_key,
             identity=identity,
             parent=span.get_span_context(),
-            task=rollout.task,
+            task=task,
         )
-        argv = harness_argv(self.settings.command, rollout.task)
+        argv = harness_argv(self.settings.command, task)
         if self._launcher is None:
             return await self._spawn_and_wait(argv, env, log_path)
         async with self._launcher.attempt(rollout, identity, argv, env) as attempt:

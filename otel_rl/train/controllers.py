@@ -46,4 +46,5 @@ def open_runner(
         issue_key=client.issue_rollout_key,
         revoke_key=client.revoke_rollout_key,
         run_id=run_id,
+        post_reward=client.post_reward,
     )
