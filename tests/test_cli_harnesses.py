@@ -38,6 +38,9 @@ MODEL = "fake-model"
 # The CLI's service.name on its own telemetry (OTEL_SERVICE_NAME is not set: each CLI names itself).
 SERVICE_NAMES = {"codex": "codex_exec", "claude-code": "claude-code", "qwen-code": "qwen-code",
                  "opencode": "opencode"}  # fmt: skip
+# The span each CLI writes for its own model calls (Qwen Code's `qwen-code.llm_request` is not one: views.md).
+OWN_CALL_SPANS = {"codex": "model_client.stream_responses_api", "claude-code": "claude_code.llm_request",
+                  "opencode": "ai.streamText.doStream"}  # fmt: skip
 
 
 @pytest.fixture(scope="module")
@@ -145,6 +148,19 @@ def test_a_cli_rollout_lands_with_its_calls_tool_call_reward_telemetry_and_exact
         1,
     )
     assert native[0]["n"] > 0
+
+    # Each call is one row, the gateway's with its exact ids: the CLI's own span of the call (which Codex's
+    # forwarded trace context puts three levels above the gateway's) counts as that gateway call.
+    if cli_name in OWN_CALL_SPANS:
+        own = wait_for(
+            gateway,
+            "SELECT gateway_call FROM llm_call_index "
+            f"WHERE rollout_id = '{rid}' AND name = '{OWN_CALL_SPANS[cli_name]}'",
+            len(answers),
+        )
+        assert all(span["gateway_call"] is not None for span in own), own
+    every = rows(gateway, f"SELECT prompt_token_ids FROM llm_calls WHERE rollout_id = '{rid}'")
+    assert len(every) == len(answers) and all(c["prompt_token_ids"] for c in every)
 
     # Samples use the gateway's exact ids: the first prompt as the upstream tokenized it, the completions.
     out = tmp_path / "samples.parquet"

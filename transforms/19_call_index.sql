@@ -24,10 +24,11 @@ FROM (
 -- The same with the call that counts each one in its place (dedup, docs/views.md "One call seen twice"):
 -- what rollouts and rewards read (much cheaper to plan and to run than llm_call_rows). `gateway_call` is
 -- NULL for the rows of llm_calls; for any other call span it names the row that counts the same call:
--- 1. a gateway call supersedes the client's record of it: the call span one or two levels above the gateway
---    span when the trace context was propagated (an HTTP client span may be between), or else a client call
---    of the same rollout whose time range contains the gateway call's; a framework's LLM span around that
---    client span is its duplicate (2.), and so takes the same gateway call;
+-- 1. a gateway call supersedes the client's record of it: the call span one to three levels above the
+--    gateway span when the trace context was propagated (HTTP client spans may be between: Codex's
+--    `model_client.stream_responses_api` is three levels up, and ends when the answer's stream starts), or
+--    else a client call of the same rollout whose time range contains the gateway call's; a framework's LLM
+--    span around that client span is its duplicate (2.), and so takes the same gateway call;
 -- 2. otherwise, call spans nested in one another (a framework's LLM span around the client library's span)
 --    are one call seen several times when the nest ends in one innermost call: the most complete record
 --    counts (token ids over content over usage; the innermost, closest to the wire, on a tie). A call span
@@ -38,11 +39,14 @@ WITH calls AS MATERIALIZED (
     -- one parses every span's identity and every call span's attributes.
     SELECT * FROM llm_call_identity
 ),
--- Each call span's parent and grandparent.
+-- Each call span's parent and grandparent, and a gateway call's great-grandparent.
 links AS MATERIALIZED (
-    SELECT c.trace_id, c.span_id, c.span_dialect, c.parent_span_id AS a1, p1.parent_span_id AS a2
+    SELECT c.trace_id, c.span_id, c.span_dialect, c.parent_span_id AS a1, p1.parent_span_id AS a2,
+           p2.parent_span_id AS a3
     FROM calls c
     LEFT JOIN spans p1 ON p1.trace_id = c.trace_id AND p1.span_id = c.parent_span_id
+    LEFT JOIN spans p2
+        ON c.span_dialect = 'gateway' AND p2.trace_id = c.trace_id AND p2.span_id = p1.parent_span_id
 ),
 -- (inner call, a call span above it, its level): one equi-join per level
 nested AS (
@@ -57,6 +61,10 @@ gateway_matches AS (
     SELECT trace_id AS client_trace_id, outer_span_id AS client_span_id, trace_id, span_id
     FROM nested
     WHERE span_dialect = 'gateway' AND outer_dialect <> 'gateway'
+    UNION ALL
+    SELECT o.trace_id, o.span_id, l.trace_id, l.span_id
+    FROM links l JOIN calls o ON o.trace_id = l.trace_id AND o.span_id = l.a3
+    WHERE l.span_dialect = 'gateway' AND o.span_dialect <> 'gateway'
     UNION ALL
     -- an equi-join on the rollout, then the time test: only calls of one rollout are compared
     SELECT c.trace_id, c.span_id, g.trace_id, g.span_id
