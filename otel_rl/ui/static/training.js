@@ -36,6 +36,7 @@ async function draw(board, run) {
     chart("loss", paths.steps, lineChart([series(steps, "loss", "loss")], { yLabel: "loss" })),
     chart("staleness", paths.staleness, lineChart([series(staleness, "max versions behind", "max_lag"), series(staleness, "mean", "mean_lag"),
       series(steps, "stale groups dropped", "stale_groups")], { yLabel: "versions / groups" })),
+    chart("screened by hack detectors", paths.steps, lineChart([series(steps, "rollouts screened", "screened")], { yLabel: "rollouts" })),
     chart("step time", paths.steps, stackedBars(STEP_PARTS, steps.map((s) => ({ x: s.step, values: s })), { yLabel: "s" })),
     chart("reload phases", paths.reloads, reloads.length
       ? stackedBars(RELOAD_PARTS, reloads.map((r, i) => ({ x: r.policy_version ?? i, values: r })), { xLabel: "policy version", yLabel: "ms" })
