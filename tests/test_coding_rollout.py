@@ -175,6 +175,38 @@ def test_an_episode_cut_by_its_harness_limit_is_truncated_not_graded_and_left_ou
     assert server.scalar(f"SELECT count(*) FROM rewards WHERE rollout_id = '{rollout.rollout_id}'") == 0
 
 
+def test_infrastructure_failures_are_infra_errors_and_never_a_reward(
+    server: ServerProcess, tmp_path: Path
+) -> None:
+    task_set = load_tasks(humaneval_task_file(tmp_path, count=1))
+    task = task_set.tasks[0]
+    client = ServerClient(server.http_url, server.token)
+    cases = {  # a bind whose source is missing: bwrap cannot set up; a grader whose wall clock is too short
+        "not_graded": {"binds": [HARNESS.parent, tmp_path / "missing"]},
+        "infrastructure_error": {
+            "binds": [HARNESS.parent],
+            "grader_limits": sandbox.Limits(wall_seconds=0.01),
+        },
+    }
+    for outcome, options in cases.items():
+        launcher = CodingLauncher(
+            task_set, admin_token=server.token, post_reward=client.post_reward, **options
+        )
+        rollout = Rollout(new_id(), new_id(), task.instance_id, {"answer": "right"})
+        [result] = controller(server, launcher, PROBES, tmp_path / "logs").run([rollout])
+        assert result.status is RolloutStatus.INFRA_ERROR
+        [row] = wait_rows(
+            server,
+            "SELECT attributes ->> 'otel_rl.grade.outcome' AS outcome, attributes ->> 'otel_rl.grade.error' "
+            "AS error FROM spans WHERE scope_name = 'otel_rl.controller' "
+            f"AND attributes ->> 'otel_rl.rollout.id' = '{rollout.rollout_id}'",
+            1,
+        )
+        assert row["outcome"] == outcome and row["error"], row
+        sources = server.sql(f"SELECT source FROM rewards WHERE rollout_id = '{rollout.rollout_id}'")
+        assert "grader" not in sources.column("source").to_pylist()
+
+
 def test_samples_leave_truncated_rollouts_out_even_with_a_reward_or_a_fill_value() -> None:
     rollouts = rollouts_frame(("cut", "g", "truncated"), ("done", "g", "ok"))
     rewards = rewards_frame(("cut", 0.0), ("done", 1.0))
