@@ -2,6 +2,7 @@
 workspace, against a real `otel-rl serve` on loopback; the grader outside posts the reward as `grader`."""
 
 import json
+import os
 import subprocess
 import sys
 import time
@@ -238,6 +239,13 @@ def test_rollouts_run_with_a_coding_section_sandboxes_and_grades(
     sql = f"SELECT source, value FROM rewards WHERE rollout_id = '{line['rollout_id']}' ORDER BY source"
     rows = wait_rows(server, sql, 2)
     assert rows == [{"source": "grader", "value": 1.0}, {"source": "harness", "value": 1.0}]
+    # where the sandbox cannot start, nothing runs: the probe's error says what is missing
+    no_bwrap = {**os.environ, "PATH": str(tmp_path / "no-such-bin")}
+    done = subprocess.run(
+        [OTEL_RL, "rollouts", "run", str(tmp_path / "train.jsonl"), "-c", str(tmp_path / "config.yaml")],
+        capture_output=True, text=True, timeout=120, env=no_bwrap,
+    )  # fmt: skip
+    assert done.returncode == 1 and "bwrap is not installed" in done.stderr and not done.stdout
     config["controller"] = {"backend": "kubernetes", "coding": config["controller"]["coding"]}
     with pytest.raises(ValidationError, match="local backend only"):
         TrainConfig.model_validate(config)
