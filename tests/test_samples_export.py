@@ -22,6 +22,7 @@ from otel_rl.gateway.recording import CallRecord, record_call
 from otel_rl.query import query
 from otel_rl.store import Store
 from otel_rl.transforms.samples import CALL_COLUMNS, ROLLOUT_COLUMNS, load_inputs
+from otel_rl.transforms.screening import FLAGS_COLUMN
 
 QUESTION = [{"role": "user", "content": "What is 2+3?"}]
 TOOL_CALL = {
@@ -208,4 +209,6 @@ def test_load_inputs_reads_the_calls_of_llm_calls_whatever_their_dialect(mixed_s
         db=mixed_store,
     )
     assert calls.equals(expected) and calls["rollout_id"].to_list() == ["m1"] * 4 + ["m2"]
-    assert rollouts.columns == list(ROLLOUT_COLUMNS)
+    # with each rollout's hack detectors (none flagged these)
+    assert rollouts.columns == [*ROLLOUT_COLUMNS, FLAGS_COLUMN]
+    assert rollouts[FLAGS_COLUMN].null_count() == rollouts.height
