@@ -11,6 +11,7 @@ from otel_fixtures import CLI_CAPTURES, Scenario, framework_captures, requests_u
 # Every framework × instrumentation the views must recognize (issue 14): a capture missing from the
 # repository fails here rather than shrinking the parametrized tests below.
 SCENARIOS = {
+    "anthropic-two-instrumentations",
     "crewai-openinference",
     "google-adk",
     "langgraph-openinference",
@@ -39,8 +40,8 @@ NO_FINISH_REASONS = {
 }
 NO_OUTPUT = {"openai-agents-traceloop"}
 OUTPUT_AS_PYTHON_REPR = {"openai-agents-otel-contrib"}
-# LiteLLM alone is no agent: the script ran the tool, no span records it.
-NO_TOOL_SPANS = {"litellm-openinference", "litellm-otel"}
+# LiteLLM and the anthropic client alone are no agents: the script ran the tool, no span records it.
+NO_TOOL_SPANS = {"anthropic-two-instrumentations", "litellm-openinference", "litellm-otel"}
 # Google ADK records "stop" for every answer, tool calls included (as LiteLLM's response reached it), and
 # sends a function's result back to the model wrapped as {"result": ...}.
 RECORDED_FINISH_REASON = {"google-adk": "stop"}

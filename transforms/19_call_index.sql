@@ -32,7 +32,10 @@ FROM (
 -- 2. otherwise, call spans nested in one another (a framework's LLM span around the client library's span)
 --    are one call seen several times when the nest ends in one innermost call: the most complete record
 --    counts (token ids over content over usage; the innermost, closest to the wire, on a tie). A call span
---    around several calls is an aggregate: its innermost calls count.
+--    around several calls is an aggregate: its innermost calls count;
+-- 3. call spans of one trace that name the same response (`gen_ai.response.id`: an SDK's own span beside an
+--    instrumentation's, siblings under a third instrumentation's span) are one call: the most complete
+--    counts, as in 2., and a nest whose innermost calls are all that one call is no aggregate.
 CREATE OR REPLACE VIEW llm_call_index AS
 WITH calls AS MATERIALIZED (
     -- Computed once for the rows and for the matches: every reference to a view computes it again, and this
@@ -96,8 +99,16 @@ client_nested AS (
 outer_calls AS (
     SELECT DISTINCT outer_trace_id AS trace_id, outer_span_id AS span_id FROM client_nested
 ),
+-- Client call spans of one trace naming one response: the same call, however their spans are placed.
+same_response AS (
+    SELECT trace_id, span_id, a."gen_ai.response.id" AS response_id
+    FROM calls
+    WHERE span_dialect <> 'gateway' AND a."gen_ai.response.id" IS NOT NULL
+    QUALIFY count(*) OVER (PARTITION BY trace_id, a."gen_ai.response.id") > 1
+),
 nest_keys AS (
     SELECT trace_id, span_id FROM client_nested UNION SELECT trace_id, span_id FROM outer_calls
+    UNION SELECT trace_id, span_id FROM same_response
 ),
 -- How complete each nested record is: token ids, content, usage. Its span's content is read here, for the
 -- nested calls only: the calls above carry no content, so that reads of the index parse none.
@@ -105,7 +116,8 @@ completeness AS (
     SELECT
         s.trace_id,
         s.span_id,
-        contains(s.content_attributes::VARCHAR, '"token_ids"') AS has_token_ids,
+        -- false, not NULL, without content: a NULL completeness would sort above every other
+        coalesce(contains(s.content_attributes::VARCHAR, '"token_ids"'), false) AS has_token_ids,
         s.content_attributes IS NOT NULL OR contains(s.events::VARCHAR, 'gen_ai.') AS has_content
     FROM spans s SEMI JOIN nest_keys k ON k.trace_id = s.trace_id AND k.span_id = s.span_id
 ),
@@ -129,23 +141,34 @@ nest_members AS (
     LEFT JOIN outer_calls u USING (trace_id, span_id)
     LEFT JOIN (SELECT DISTINCT trace_id, span_id FROM genai_content_events) e USING (trace_id, span_id)
 ),
+-- Each call's record that counts for its response (3.), or itself.
+responses AS (
+    SELECT
+        m.trace_id,
+        m.span_id,
+        arg_max({'trace_id': m.trace_id, 'span_id': m.span_id}, (m.completeness, m.depth, m.span_id))
+            OVER (PARTITION BY m.trace_id, r.response_id) AS call
+    FROM nest_members m JOIN same_response r USING (trace_id, span_id)
+),
 nests AS (
     SELECT
         top,
-        count(*) FILTER (WHERE innermost) AS n_innermost,
-        arg_max({'trace_id': trace_id, 'span_id': span_id}, (completeness, depth)) AS most_complete,
-        arg_min({'trace_id': trace_id, 'span_id': span_id}, start_time_unix_nano) FILTER (WHERE innermost)
-            AS first_innermost
-    FROM nest_members
+        count(DISTINCT coalesce(r.call, {'trace_id': m.trace_id, 'span_id': m.span_id}))
+            FILTER (WHERE innermost) AS n_innermost,
+        arg_max({'trace_id': m.trace_id, 'span_id': m.span_id}, (completeness, depth)) AS most_complete,
+        arg_min(coalesce(r.call, {'trace_id': m.trace_id, 'span_id': m.span_id}), start_time_unix_nano)
+            FILTER (WHERE innermost) AS first_innermost
+    FROM nest_members m LEFT JOIN responses r USING (trace_id, span_id)
     GROUP BY ALL
 ),
 duplicates AS (
     SELECT
         m.trace_id,
         m.span_id,
-        CASE WHEN n.n_innermost = 1 THEN n.most_complete WHEN NOT m.innermost THEN n.first_innermost END
-            AS counted_as
-    FROM nest_members m JOIN nests n USING (top)
+        CASE WHEN n.n_innermost = 1 THEN n.most_complete
+             WHEN NOT m.innermost THEN n.first_innermost
+             ELSE r.call END AS counted_as
+    FROM nest_members m JOIN nests n USING (top) LEFT JOIN responses r USING (trace_id, span_id)
 )
 SELECT
     c.*,

@@ -6,8 +6,9 @@ A scenario is tests/captures/scenarios/<name>.py: an agent script run inside its
 pinned REQUIREMENTS, cached under ~/.cache/otel-rl/captures/), with module-level literals that this driver
 reads without importing the script: FRAMEWORK, INSTRUMENTATION, REQUIREMENTS, ENVIRONMENT (content capture
 switches) and REPLIES (what the scripted server answers, in order). The script gets OPENAI_BASE_URL,
-OPENAI_API_KEY and CAPTURE_MODEL, a receiver's OTLP/HTTP endpoint, the rollout identity in
-OTEL_RESOURCE_ATTRIBUTES, and writes the tools and agents it ran to CAPTURE_REPORT (scenarios/_capture.py).
+OPENAI_API_KEY, ANTHROPIC_BASE_URL (the same server speaks Messages), ANTHROPIC_API_KEY and CAPTURE_MODEL,
+a receiver's OTLP/HTTP endpoint, the rollout identity in OTEL_RESOURCE_ATTRIBUTES, and writes the tools and
+agents it ran to CAPTURE_REPORT (scenarios/_capture.py).
 Each run replaces tests/captures/frameworks/<name>/ whole (a staging folder, then a rename).
 """
 
@@ -34,7 +35,8 @@ from otel_rl.gateway.vllm import cache_root
 
 HERE = Path(__file__).resolve().parent
 sys.path[:0] = [str(HERE), str(HERE.parent)]  # the receiver beside this file, the upstream in tests/
-from fake_vllm import MODEL, FakeVLLM, Reply, ToolCall, generate  # noqa: E402
+from fake_vllm import MODEL, Reply, ToolCall, generate  # noqa: E402
+from messages_upstream import MessagesUpstream  # noqa: E402
 from receiver import OTLPReceiver  # noqa: E402
 
 SCENARIOS = HERE / "scenarios"
@@ -207,7 +209,9 @@ def model_call(request: dict[str, Any], reply: Reply) -> dict[str, Any]:
 # --- one run -----------------------------------------------------------------------------------------------
 
 
-def scenario_env(spec: ScenarioSpec, *, openai_url: str, otlp_endpoint: str, report: Path) -> dict[str, str]:
+def scenario_env(
+    spec: ScenarioSpec, *, upstream: MessagesUpstream, otlp_endpoint: str, report: Path
+) -> dict[str, str]:
     inherited = {
         k: v for k, v in os.environ.items() if not k.startswith(LEAKY_PREFIXES) and k.upper() not in OFFLINE
     }
@@ -223,8 +227,10 @@ def scenario_env(spec: ScenarioSpec, *, openai_url: str, otlp_endpoint: str, rep
         inherited
         | OFFLINE
         | {
-            "OPENAI_BASE_URL": openai_url,
+            "OPENAI_BASE_URL": upstream.url,
             "OPENAI_API_KEY": "capture-key",
+            "ANTHROPIC_BASE_URL": upstream.base_url,  # the anthropic client adds /v1/messages
+            "ANTHROPIC_API_KEY": "capture-key",
             "OTEL_EXPORTER_OTLP_ENDPOINT": otlp_endpoint,
             "OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf",
             "OTEL_RESOURCE_ATTRIBUTES": ",".join(f"{k}={v}" for k, v in identity.items()),
@@ -245,8 +251,8 @@ def capture(spec: ScenarioSpec, console: Console) -> Path:
     try:
         replies = ScriptedReplies(spec.replies)
         report = staging / "report.json"
-        with FakeVLLM(replies) as upstream, OTLPReceiver(staging) as receiver:
-            env = scenario_env(spec, openai_url=upstream.url, otlp_endpoint=receiver.endpoint, report=report)
+        with MessagesUpstream(replies) as upstream, OTLPReceiver(staging) as receiver:
+            env = scenario_env(spec, upstream=upstream, otlp_endpoint=receiver.endpoint, report=report)
             result = subprocess.run([str(venv / "bin" / "python"), str(spec.script)], env=env, cwd=staging,
                                     capture_output=True, text=True, timeout=SCRIPT_TIMEOUT_S)  # fmt: skip
         if result.returncode != 0:
