@@ -2,7 +2,9 @@
 their own rollout keys, over real CLI captures and a user's own detector file; screening flagged samples."""
 
 import json
+import os
 import shutil
+import subprocess
 import time
 from collections.abc import Iterator
 from concurrent.futures import wait
@@ -22,7 +24,7 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from otel_fixtures import CLI_CAPTURES, requests_under
-from otel_rl_server import ServerProcess
+from otel_rl_server import OTEL_RL, ServerProcess
 from rollout_traffic import rollout_requests
 
 from otel_rl import attributes as attr
@@ -339,7 +341,7 @@ def test_a_real_cli_capture_s_tool_call_is_read_and_only_the_tampered_one_is_fla
     assert "tests/test_stats.py" in tampered[0]["evidence"]
 
 
-def test_flagged_rollouts_are_screened_out_of_samples_and_counted(server) -> None:
+def test_flagged_rollouts_are_screened_out_of_samples_and_counted(server, tmp_path) -> None:
     start = time.time_ns() - 5 * 10**9  # every attempt started before the server received its reward
     for i, rollout_id in enumerate(("s-clean", "s-hacked", "s-clean-2")):
         spans, outcome = rollout_requests(rollout_id, start + i * 10**9, group_id="screened-group")
@@ -368,6 +370,17 @@ def test_flagged_rollouts_are_screened_out_of_samples_and_counted(server) -> Non
     samples, report = build_samples(calls, rollouts, rewards, options=options)
     assert set(samples["rollout_id"]) == {"s-clean", "s-clean-2"}, report.to_dict()
     assert report.screened == 1
+    # `otel-rl export samples` writes the others and prints the count
+    out = tmp_path / "samples.parquet"
+    where = "--where=group_id = 'screened-group'"
+    args = [str(OTEL_RL), "export", "samples", "-o", str(out), where, "--trusted-source", "test"]
+    args += ["--server", server.http_url, "--token", server.token]
+    exported = subprocess.run(
+        args, capture_output=True, text=True, timeout=120, env=os.environ | {"COLUMNS": "200"}
+    )
+    assert exported.returncode == 0, exported.stderr
+    assert "1 rollouts flagged by hack_flags (test_tampering: 1)" in exported.stderr, exported.stderr
+    assert set(pl.read_parquet(out)["rollout_id"]) == {"s-clean", "s-clean-2"}
 
 
 def test_a_users_detector_file_joins_hack_flags_and_a_broken_one_is_left_out(tmp_path) -> None:
