@@ -21,8 +21,9 @@ SDK_ROLLOUT_SPAN_NAME = "rollout"
 ROLLOUT_TRUNCATED = "otel_rl.rollout.truncated"
 
 # A coding rollout's sandbox (resource attributes of its harness, and on the controller's rollout span):
-# the mode ("bubblewrap") and its limits, SANDBOX_LIMITS + cpu_seconds | memory_bytes | processes |
-# file_bytes | wall_seconds. And the grader's verdict, on the controller's span (otel_rl/coding/rollout.py).
+# the mode ("bubblewrap", or "unsandboxed" by name) and its limits, SANDBOX_LIMITS + cpu_seconds |
+# memory_bytes | processes | file_bytes | wall_seconds. And the grader's verdict, on the controller's span
+# (otel_rl/coding/rollout.py).
 SANDBOX_MODE = "otel_rl.sandbox.mode"
 SANDBOX_LIMITS = "otel_rl.sandbox.limits."
 CODING_INSTANCE = "otel_rl.coding.instance_id"

@@ -30,7 +30,7 @@ from otel_rl.transforms.samples import SampleOptions, exclude_rollouts
 
 HARNESS = Path(__file__).parent / "harnesses" / "sandboxed_coder.py"
 OTEL_RL = str(Path(sys.executable).with_name("otel-rl"))
-PROBES = {"model": MODEL, "ports": [], "outside": "127.0.0.2", "host_paths": []}
+PROBES = {"model": MODEL, "ports": [], "outside": "127.0.0.2", "host_paths": [], "scan": False}
 LIMITS = sandbox.Limits(cpu_seconds=60, wall_seconds=60)
 CANONICAL = humaneval.read_problems()[0]["canonical_solution"]
 WRONG = "    return True\n"
@@ -206,6 +206,40 @@ def test_infrastructure_failures_are_infra_errors_and_never_a_reward(
         assert row["outcome"] == outcome and row["error"], row
         sources = server.sql(f"SELECT source FROM rewards WHERE rollout_id = '{rollout.rollout_id}'")
         assert "grader" not in sources.column("source").to_pylist()
+
+
+def test_an_unsandboxed_rollout_asked_for_by_name_is_graded_and_says_so(
+    server: ServerProcess, tmp_path: Path
+) -> None:
+    task_set = load_tasks(humaneval_task_file(tmp_path, count=1))
+    task = task_set.tasks[0]
+    client = ServerClient(server.http_url, server.token)
+    launcher = CodingLauncher(
+        task_set, admin_token=server.token, post_reward=client.post_reward, limits=LIMITS,
+        grader_limits=LIMITS, mode="unsandboxed",
+    )  # fmt: skip
+    rollout = Rollout(new_id(), new_id(), task.instance_id, {"answer": "right"})
+    [result] = controller(server, launcher, PROBES, tmp_path / "logs").run([rollout])
+    assert result.status is RolloutStatus.OK
+    report = json.loads(result.attempts[-1].log_path.read_text())
+    assert report["cwd"] != sandbox.WORKSPACE and report["cwd"].endswith("/workspace")
+    [row] = wait_rows(
+        server,
+        f"SELECT value FROM rewards WHERE rollout_id = '{rollout.rollout_id}' AND source = 'grader'",
+        1,
+    )
+    assert row["value"] == 1.0
+    modes = server.sql(
+        "SELECT scope_name, coalesce(attributes ->> 'otel_rl.sandbox.mode', resource_attributes ->> "
+        "'otel_rl.sandbox.mode') AS mode FROM spans "
+        "WHERE scope_name IN ('otel_rl.controller', 'sandboxed_coder') "
+        f"AND (attributes ->> 'otel_rl.rollout.id' = '{rollout.rollout_id}' OR "
+        f"resource_attributes ->> 'otel_rl.rollout.id' = '{rollout.rollout_id}') ORDER BY scope_name"
+    ).to_pylist()
+    assert modes == [
+        {"scope_name": "otel_rl.controller", "mode": "unsandboxed"},
+        {"scope_name": "sandboxed_coder", "mode": "unsandboxed"},
+    ]
 
 
 def test_samples_leave_truncated_rollouts_out_even_with_a_reward_or_a_fill_value() -> None:

@@ -189,20 +189,25 @@ def read_junit(xml: bytes, *, nonce: str) -> dict[str, TestStatus]:
     return statuses
 
 
-def pytest_command(test_files: list[str], *, nonce: str) -> list[str]:
+def pytest_command(
+    test_files: list[str], *, nonce: str, root: str = sandbox.WORKSPACE, out: str = "/grader"
+) -> list[str]:
     """Isolated pytest (`-I`: no user site, no PYTHON* variables, no script folder on sys.path), no cache,
-    junit XML written outside the tree being tested."""
+    junit XML written outside the tree being tested (`root`, `out`: where the sandbox shows them)."""
     return [
         "python", "-I", "-B", "-m", "pytest", "-p", "no:cacheprovider", "-q",
-        f"--rootdir={sandbox.WORKSPACE}", "-o", f"pythonpath={sandbox.WORKSPACE}",
-        "--junitxml=/grader/junit.xml", "-o", "junit_family=xunit1", "-o", f"junit_suite_name={nonce}",
+        f"--rootdir={root}", "-o", f"pythonpath={root}",
+        f"--junitxml={out}/junit.xml", "-o", "junit_family=xunit1", "-o", f"junit_suite_name={nonce}",
         "--", *test_files,
     ]  # fmt: skip
 
 
-def grade(task_set: TaskSet, task: Task, patch: str, *, limits: sandbox.Limits) -> GradeResult:
+def grade(
+    task_set: TaskSet, task: Task, patch: str, *, limits: sandbox.Limits, mode: sandbox.Mode = "bubblewrap"
+) -> GradeResult:
     """Grade one patch. Bad input (PatchError) is raised; a failure of the grading machinery is returned
-    as outcome `infrastructure_error` with no reward."""
+    as outcome `infrastructure_error` with no reward. `mode` "unsandboxed" (asked for by name only) runs
+    pytest as a plain process with the same rlimits and wall clock."""
     started = time.perf_counter()
     expected = task.expected_tests
     files = list(dict.fromkeys(test.split("::")[0] for test in expected))
@@ -223,9 +228,12 @@ def grade(task_set: TaskSet, task: Task, patch: str, *, limits: sandbox.Limits) 
         nonce = secrets.token_hex(16)
         binds = (sandbox.Bind(out, "/grader", writable=True),)
         try:
-            done = sandbox.run(
-                tree, pytest_command(files, nonce=nonce), limits=limits, binds=binds, env=PYTEST_ENV
-            )
+            if mode == "unsandboxed":
+                command = pytest_command(files, nonce=nonce, root=str(tree), out=str(out))
+                done = sandbox.run_unsandboxed(tree, command, limits=limits, env=PYTEST_ENV)
+            else:
+                command = pytest_command(files, nonce=nonce)
+                done = sandbox.run(tree, command, limits=limits, binds=binds, env=PYTEST_ENV)
         except sandbox.SandboxError as error:
             return _failed(task, f"sandbox: {error}", dropped, started)
         if done.timed_out:

@@ -26,7 +26,6 @@ from otel_rl.coding.workspace import make_workspace, workspace_diff
 from otel_rl.controller.launcher import Launch
 from otel_rl.controller.local import Rollout, RolloutStatus
 
-MODE = "bubblewrap"
 # The URLs the harness reaches its server by: each must be a loopback port, forwarded into the sandbox.
 FORWARDED_URLS = ("OPENAI_BASE_URL", "OTEL_EXPORTER_OTLP_ENDPOINT")
 LOOPBACK_HOSTS = {"127.0.0.1", "localhost"}
@@ -42,9 +41,9 @@ def agent_task(task: Task) -> dict[str, str]:
     return {"instance_id": task.instance_id, "repo": task.repo, "problem_statement": task.problem_statement}
 
 
-def sandbox_attributes(limits: sandbox.Limits) -> dict[str, str | int | float]:
+def sandbox_attributes(limits: sandbox.Limits, mode: sandbox.Mode) -> dict[str, str | int | float]:
     """The sandbox's mode and limits as attributes (`otel_rl.sandbox.*`)."""
-    return {attr.SANDBOX_MODE: MODE} | {attr.SANDBOX_LIMITS + k: v for k, v in asdict(limits).items()}
+    return {attr.SANDBOX_MODE: mode} | {attr.SANDBOX_LIMITS + k: v for k, v in asdict(limits).items()}
 
 
 def loopback_ports(env: Mapping[str, str]) -> tuple[int, ...]:
@@ -61,13 +60,13 @@ def loopback_ports(env: Mapping[str, str]) -> tuple[int, ...]:
     return tuple(dict.fromkeys(ports))
 
 
-def inside_environment(env: Mapping[str, str], limits: sandbox.Limits) -> dict[str, str]:
+def inside_environment(env: Mapping[str, str], limits: sandbox.Limits, mode: sandbox.Mode) -> dict[str, str]:
     """The harness's environment inside: the controller's (contract + user settings), URLs on 127.0.0.1
     (the same ports, forwarded), the sandbox's attributes added to its resource attributes."""
     inside = dict(env)
     for name in FORWARDED_URLS:
         inside[name] = inside[name].replace("//localhost:", "//127.0.0.1:", 1)
-    extra = ",".join(f"{key}={value}" for key, value in sandbox_attributes(limits).items())
+    extra = ",".join(f"{key}={value}" for key, value in sandbox_attributes(limits, mode).items())
     inside["OTEL_RESOURCE_ATTRIBUTES"] = f"{inside['OTEL_RESOURCE_ATTRIBUTES']},{extra}"
     return inside
 
@@ -94,10 +93,10 @@ class CodingAttempt:
     task: Task
     rollout: Rollout
     workspace: Path
-    gate: int
+    gate: int | None  # None: unsandboxed, no bwrap to fail before the command
 
     async def finish(self, status: RolloutStatus, returncode: int | None, span: Span) -> RolloutStatus:
-        if not sandbox.command_started(self.gate):
+        if self.gate is not None and not sandbox.command_started(self.gate):
             span.set_attribute(attr.GRADE_OUTCOME, "not_graded")
             span.set_attribute(attr.GRADE_ERROR, "the sandbox did not start (bwrap's error is in the log)")
             return RolloutStatus.INFRA_ERROR
@@ -167,8 +166,11 @@ class CodingLauncher:
         grader_limits: sandbox.Limits = GRADER_LIMITS,
         binds: Sequence[Path] = (),
         truncated_exit_codes: Sequence[int] = (),
+        mode: sandbox.Mode = "bubblewrap",
     ) -> None:
-        sandbox.probe_user_namespaces()  # no sandbox here: stop now, saying what to enable
+        if mode == "bubblewrap":
+            sandbox.probe_user_namespaces()  # no sandbox here: stop now, saying what to enable
+        self.mode = mode
         self.task_set = task_set
         self.limits = limits
         self.grader_limits = grader_limits
@@ -203,7 +205,8 @@ class CodingLauncher:
     ) -> AsyncIterator[CodingAttempt]:
         task = self.task_of(rollout)
         ports = loopback_ports(env)
-        inside = inside_environment(env, self.limits)
+        inside = inside_environment(env, self.limits, self.mode)
+        attributes = {**sandbox_attributes(self.limits, self.mode), attr.CODING_INSTANCE: task.instance_id}
         problem = secrets_problem(task, [*argv, *inside.keys(), *inside.values()], self._admin_token)
         if problem is not None:
             raise ValueError(f"rollout {rollout.rollout_id}: the harness would be handed {problem}")
@@ -211,6 +214,13 @@ class CodingLauncher:
             workspace = Path(scratch, "workspace")
             workspace.mkdir()
             await asyncio.to_thread(make_workspace, self.task_set, task, workspace)
+            if self.mode == "unsandboxed":  # asked for by name: rlimits and the wall clock only
+                command = [*sandbox.limits_prefix(self.limits), *argv]
+                plain = sandbox.plain_environment(inside)
+                wall = self.limits.wall_seconds
+                launch = Launch(command, plain, cwd=workspace, timeout_s=wall, attributes=attributes)
+                yield CodingAttempt(launch, self, task, rollout, workspace, None)
+                return
             await asyncio.to_thread(sandbox.hand_over, workspace)
             with forwarded(list(ports), owner=sandbox.sandbox_owner()) as (folder, prefix):
                 binds = (*self.binds, sandbox.Bind(folder, FORWARD_INSIDE))
@@ -224,10 +234,7 @@ class CodingLauncher:
                         {"PATH": os.environ.get("PATH", "/usr/bin:/bin")},  # bwrap's own: it clears the rest
                         pass_fds=(gate,),
                         timeout_s=self.limits.wall_seconds,
-                        attributes={
-                            **sandbox_attributes(self.limits),
-                            attr.CODING_INSTANCE: task.instance_id,
-                        },
+                        attributes=attributes,
                     )
                     yield CodingAttempt(launch, self, task, rollout, workspace, gate)
                 finally:
@@ -237,7 +244,7 @@ class CodingLauncher:
         """Grade what the agent left, outside its sandbox; a failure of ours is an infrastructure error."""
         try:
             patch = workspace_diff(self.task_set, task, workspace)
-            return grade(self.task_set, task, patch, limits=self.grader_limits)
+            return grade(self.task_set, task, patch, limits=self.grader_limits, mode=self.mode)
         except (TaskError, PatchError, OSError) as error:
             return GradeResult(
                 instance_id=task.instance_id, outcome="infrastructure_error", reward=None,

@@ -15,6 +15,7 @@ import time
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
+from typing import Literal
 
 from otel_rl.coding.forward import INSIDE as FORWARD_INSIDE
 from otel_rl.coding.forward import forwarded
@@ -23,6 +24,8 @@ WORKSPACE = "/workspace"
 HOME = "/home/agent"
 UNPRIVILEGED = 65534  # nobody/nogroup: who the sandboxed command runs as when the caller is root
 MAX_OUTPUT_BYTES = 8 << 20
+# "unsandboxed": a plain process with the rlimits and the wall clock only, where the user asked for it by name
+Mode = Literal["bubblewrap", "unsandboxed"]
 
 
 class SandboxError(RuntimeError):
@@ -151,12 +154,8 @@ def bwrap_argv(
     """The full command line: bwrap's namespaces and mounts, then the identity switch (root callers), then
     `prlimit` (inside the namespaces: RLIMIT_NPROC counts this sandbox's processes), then the command."""
     bwrap = shutil.which("bwrap")
-    prlimit = shutil.which("prlimit")
-    if bwrap is None or prlimit is None:
-        missing = (
-            "bwrap (Debian package bubblewrap)" if bwrap is None else "prlimit (Debian package util-linux)"
-        )
-        raise SandboxError(f"{missing} is not installed")
+    if bwrap is None:
+        raise SandboxError("bwrap (Debian package bubblewrap) is not installed")
     argv = [bwrap, *_namespaces(), "--die-with-parent", "--new-session", "--hostname", "sandbox"]
     argv += _system_mounts() + _hidden_host_folders() + _python_mounts()
     argv += ["--proc", "/proc", "--dev", "/dev", "--bind", str(workspace), WORKSPACE]
@@ -168,9 +167,7 @@ def bwrap_argv(
     base = {"PATH": path, "HOME": HOME, "TMPDIR": "/tmp", "LANG": "C.UTF-8"}
     for name, value in (base | (env or {})).items():
         argv += ["--setenv", name, value]
-    argv += ["--", *_identity(), prlimit, f"--cpu={limits.cpu_seconds}", f"--as={limits.memory_bytes}"]
-    argv += [f"--nproc={limits.processes}", f"--fsize={limits.file_bytes}", "--", *command]
-    return argv
+    return [*argv, "--", *_identity(), *limits_prefix(limits), *command]
 
 
 def gated(argv: list[str]) -> tuple[list[str], int]:
@@ -246,6 +243,41 @@ def _run(
     return Completed(
         returncode, (stdout or b"")[-MAX_OUTPUT_BYTES:], (stderr or b"")[-MAX_OUTPUT_BYTES:], seconds
     )
+
+
+def limits_prefix(limits: Limits) -> list[str]:
+    """`prlimit` setting the rlimits, then the command: what an unsandboxed command keeps of the sandbox."""
+    prlimit = shutil.which("prlimit")
+    if prlimit is None:
+        raise SandboxError("prlimit (Debian package util-linux) is not installed")
+    return [prlimit, f"--cpu={limits.cpu_seconds}", f"--as={limits.memory_bytes}",
+            f"--nproc={limits.processes}", f"--fsize={limits.file_bytes}", "--"]  # fmt: skip
+
+
+def plain_environment(env: dict[str, str] | None) -> dict[str, str]:
+    """The environment a sandboxed command gets, for an unsandboxed one (nothing inherited)."""
+    path = f"{os.path.dirname(sys.executable)}:/usr/local/bin:/usr/bin:/bin"
+    return {"PATH": path, "HOME": os.path.expanduser("~"), "LANG": "C.UTF-8"} | (env or {})
+
+
+def run_unsandboxed(
+    workspace: Path, command: list[str], *, limits: Limits, env: dict[str, str] | None = None
+) -> Completed:
+    """Run `command` in `workspace` as a plain process: rlimits and the wall clock, no namespaces."""
+    started = time.perf_counter()
+    with subprocess.Popen(
+        [*limits_prefix(limits), *command], cwd=workspace, env=plain_environment(env),
+        stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
+    ) as process:  # fmt: skip
+        try:
+            stdout, stderr = process.communicate(timeout=limits.wall_seconds)
+            returncode: int | None = process.returncode
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, 9)
+            stdout, stderr = process.communicate()
+            returncode = None
+    seconds = time.perf_counter() - started
+    return Completed(returncode, stdout[-MAX_OUTPUT_BYTES:], stderr[-MAX_OUTPUT_BYTES:], seconds)
 
 
 @cache

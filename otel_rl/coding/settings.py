@@ -2,7 +2,7 @@
 and graded outside it (docs/coding.md)."""
 
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -17,6 +17,8 @@ class CodingSection(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     tasks: Path
+    # "unsandboxed" (by name only): a plain process with the rlimits, where bubblewrap cannot run
+    mode: Literal["bubblewrap", "unsandboxed"] = "bubblewrap"
     binds: list[Path] = Field(default_factory=list, max_length=64)  # read-only, at the same path inside
     cpu_seconds: int = Field(default=600, gt=0)
     memory_bytes: int = Field(default=4 << 30, gt=0)
@@ -42,4 +44,5 @@ class CodingSection(BaseModel):
         return CodingLauncher(
             load_tasks(self.tasks), admin_token=admin_token, post_reward=post_reward, limits=limits,
             grader_limits=grader, binds=self.binds, truncated_exit_codes=self.truncated_exit_codes,
+            mode=self.mode,
         )  # fmt: skip
