@@ -1,6 +1,7 @@
 """A coding rollout on real parts: the local controller runs a scripted harness in bubblewrap over a HumanEval
 workspace, against a real `otel-rl serve` on loopback; the grader outside posts the reward as `grader`."""
 
+import contextlib
 import json
 import os
 import subprocess
@@ -240,6 +241,37 @@ def test_an_unsandboxed_rollout_asked_for_by_name_is_graded_and_says_so(
         {"scope_name": "otel_rl.controller", "mode": "unsandboxed"},
         {"scope_name": "sandboxed_coder", "mode": "unsandboxed"},
     ]
+
+
+def test_the_wall_clock_ends_the_whole_sandbox_and_the_episode_is_truncated(
+    server: ServerProcess, tmp_path: Path
+) -> None:
+    task_set = load_tasks(humaneval_task_file(tmp_path, count=1))
+    task = task_set.tasks[0]
+    limits = sandbox.Limits(cpu_seconds=60, wall_seconds=3)
+    launcher = CodingLauncher(
+        task_set,
+        admin_token=server.token,
+        post_reward=lambda body: None,
+        limits=limits,
+        binds=[HARNESS.parent],
+    )
+    rollout = Rollout(new_id(), new_id(), task.instance_id, {"answer": "hang"})
+    [result] = controller(server, launcher, PROBES, tmp_path / "logs").run([rollout])
+    assert result.status is RolloutStatus.TIMEOUT and result.attempts[-1].duration_s < 30
+    [row] = wait_rows(
+        server,
+        "SELECT attributes ->> 'otel_rl.rollout.truncated' AS truncated FROM spans WHERE scope_name = "
+        f"'otel_rl.controller' AND attributes ->> 'otel_rl.rollout.id' = '{rollout.rollout_id}'",
+        1,
+    )
+    assert row == {"truncated": "time"}
+    left = []
+    for environ in Path("/proc").glob("[0-9]*/environ"):
+        with contextlib.suppress(OSError):
+            if rollout.rollout_id.encode() in environ.read_bytes():
+                left.append(environ.parent.name)
+    assert not left, f"processes of the rollout still running: {left}"
 
 
 def test_samples_leave_truncated_rollouts_out_even_with_a_reward_or_a_fill_value() -> None:

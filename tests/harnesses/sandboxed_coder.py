@@ -6,6 +6,7 @@ import contextlib
 import json
 import os
 import socket
+import subprocess
 import sys
 from pathlib import Path
 
@@ -60,6 +61,8 @@ def forge_reward() -> None:
 def main() -> None:
     task = json.loads(os.environ["OTEL_RL_TASK"])
     probes = json.loads(sys.argv[1])
+    if task["answer"] == "hang":
+        subprocess.run(["sleep", "600"])  # a child too: the wall clock must take the whole sandbox
     reply = openai.OpenAI().chat.completions.create(
         model=probes["model"],
         messages=[{"role": "user", "content": f"{task['answer']}: {task['problem_statement']}"}],
