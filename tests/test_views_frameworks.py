@@ -14,6 +14,7 @@ SCENARIOS = {
     "anthropic-two-instrumentations",
     "crewai-openinference",
     "google-adk",
+    "haystack-agent",
     "langgraph-openinference",
     "langgraph-openinference-openai",
     "langgraph-traceloop",
@@ -41,7 +42,8 @@ NO_FINISH_REASONS = {
 NO_OUTPUT = {"openai-agents-traceloop"}
 OUTPUT_AS_PYTHON_REPR = {"openai-agents-otel-contrib"}
 # LiteLLM and the anthropic client alone are no agents: the script ran the tool, no span records it.
-NO_TOOL_SPANS = {"anthropic-two-instrumentations", "litellm-openinference", "litellm-otel"}
+# Haystack's tracer records the ToolInvoker component's run, not each tool's.
+NO_TOOL_SPANS = {"anthropic-two-instrumentations", "haystack-agent", "litellm-openinference", "litellm-otel"}
 # Google ADK records "stop" for every answer, tool calls included (as LiteLLM's response reached it), and
 # sends a function's result back to the model wrapped as {"result": ...}.
 RECORDED_FINISH_REASON = {"google-adk": "stop"}

@@ -185,3 +185,31 @@ CREATE OR REPLACE MACRO ai_sdk_output_message(text, tool_calls, reason) AS with_
                          "toolCallId": "VARCHAR", "toolName": "VARCHAR", "input": "JSON"}]'), [])],
                  NULL, NULL),
     finish_reason(reason));
+
+-- ---------------------------------------------------------------- Haystack's own tracer
+-- Haystack traces each component run as a `haystack.component.run` span with only `haystack.*` attributes; a
+-- chat generator's run is a model call. Its content tags hold Haystack's serialized ChatMessages:
+-- `haystack.component.input` {"messages": [...]}, `haystack.component.output` {"replies": [...]}, each
+-- {"role", "meta": {"model", "finish_reason", "usage"}, "content": [{"text"} | {"tool_call": {"tool_name",
+-- "arguments", "id"}} | {"tool_call_result": {"result", "origin": {"id"}}} |
+-- {"reasoning": {"reasoning_text"}}]}.
+CREATE OR REPLACE MACRO haystack_messages_of(j) AS from_json(j, '[{"role": "VARCHAR",
+    "meta": {"model": "VARCHAR", "finish_reason": "VARCHAR",
+             "usage": {"prompt_tokens": "INTEGER", "completion_tokens": "INTEGER"}},
+    "content": [{"text": "VARCHAR",
+                 "tool_call": {"tool_name": "VARCHAR", "arguments": "JSON", "id": "VARCHAR"},
+                 "tool_call_result": {"result": "VARCHAR", "origin": {"id": "VARCHAR"}},
+                 "reasoning": {"reasoning_text": "VARCHAR"}}]}]');
+
+-- A tool message's content is its result.
+CREATE OR REPLACE MACRO haystack_message(m) AS chat_message(
+    m.role,
+    coalesce(list_aggr([p.text FOR p IN m.content IF p.text <> ''], 'string_agg', ''),
+             list_aggr([p.tool_call_result.result FOR p IN m.content IF p.tool_call_result IS NOT NULL],
+                       'string_agg', '')),
+    [{'id': p.tool_call.id, 'name': p.tool_call.tool_name, 'arguments': json_text(p.tool_call.arguments)}
+        FOR p IN m.content IF p.tool_call IS NOT NULL],
+    [p.tool_call_result.origin.id FOR p IN m.content IF p.tool_call_result IS NOT NULL][1],
+    list_aggr([p.reasoning.reasoning_text FOR p IN m.content IF p.reasoning IS NOT NULL],
+              'string_agg', '')
+);

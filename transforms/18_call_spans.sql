@@ -49,7 +49,8 @@ CREATE OR REPLACE MACRO is_call_operation(operations) AS
 -- Spans that are model calls, whatever their instrumentation scope: by their attributes (above, and Logfire's
 -- LLM tag, the Vercel AI SDK's operation ids), or by their name where a harness's convention names the call
 -- span (Claude Code's `claude_code.llm_request`, Google ADK's `call_llm`, Codex's
--- `model_client.stream_responses_api`).
+-- `model_client.stream_responses_api`), or by their component where a framework's tracer says nothing else
+-- (Haystack's `haystack.component.run` of a `*ChatGenerator`).
 CREATE OR REPLACE VIEW llm_call_spans AS
 SELECT
     trace_id,
@@ -72,6 +73,7 @@ SELECT
         WHEN a."openinference.span.kind" = 'LLM' THEN 'openinference'
         WHEN a."gen_ai.operation.name" IS NULL AND list_contains(a."logfire.tags", 'LLM') THEN 'logfire'
         WHEN a."ai.operationId" IS NOT NULL THEN 'ai_sdk'
+        WHEN name = 'haystack.component.run' THEN 'haystack'
         ELSE 'semconv'  -- refined in llm_call_rows with the content that arrived
     END AS span_dialect
 FROM (
@@ -92,6 +94,9 @@ FROM (
                'ai.streamText.doStream', 'ai.generateText.doGenerate', 'ai.streamObject.doStream',
                'ai.generateObject.doGenerate'))
        OR name IN ('claude_code.llm_request', 'call_llm', 'model_client.stream_responses_api')
+       -- Haystack's own tracer, which writes only haystack.* attributes: a chat generator's component run
+       OR (name = 'haystack.component.run'
+           AND ends_with(json_extract_string(attributes, '$."haystack.component.type"'), 'ChatGenerator'))
 )
 -- OpenInference marks every request of the openai client LLM, `client.models.list()` too: those name no
 -- model, and are not calls. LlamaIndex marks an LLM's helper methods LLM too: `_prepare_chat_with_tools` is

@@ -34,6 +34,12 @@ WITH calls AS (
             AS logfire_input,
         CASE WHEN s.span_dialect = 'logfire' THEN try(responses_of(s.attributes ->> 'output')) END
             AS logfire_output,
+        CASE WHEN s.span_dialect = 'haystack'
+             THEN try(haystack_messages_of(json_extract(s.content_attributes ->> 'haystack.component.input',
+                                                        '$.messages'))) END AS haystack_input,
+        CASE WHEN s.span_dialect = 'haystack'
+             THEN try(haystack_messages_of(json_extract(s.content_attributes ->> 'haystack.component.output',
+                                                        '$.replies'))) END AS haystack_output,
         -- operation-details records sent as span events (Strands with the latest semconv), merged
         CASE WHEN s.span_dialect = 'semconv'
                   AND contains(s.events::VARCHAR, 'gen_ai.client.inference.operation.details')
@@ -113,7 +119,7 @@ normalized AS (
         CASE WHEN span_dialect = 'openinference'
              THEN CASE WHEN oi_request.prompt IS NOT NULL AND oi_request.messages IS NULL
                        THEN 'text_completion' ELSE 'chat' END
-             WHEN span_dialect IN ('logfire', 'ai_sdk') THEN 'chat'
+             WHEN span_dialect IN ('logfire', 'ai_sdk', 'haystack') THEN 'chat'
              ELSE coalesce(a."gen_ai.operation.name", a."llm.request.type") END AS operation,
         coalesce(a."gen_ai.provider.name", a."gen_ai.system", a."llm.system", a."llm.provider") AS provider,
         -- OpenInference's opt-in gen_ai.request.model holds the response model: read the request's model
@@ -122,7 +128,8 @@ normalized AS (
              THEN coalesce(oi_params ->> 'model', oi_request.model, a."gen_ai.request.model")
              ELSE coalesce(a."gen_ai.request.model", a."ai.model.id", a."model") END AS request_model,
         -- As sent: Traceloop strips the "org/" prefix ("Qwen3-0.6B"), the others keep it.
-        coalesce(a."gen_ai.response.model", oi_response.model, a."llm.model_name") AS response_model,
+        coalesce(a."gen_ai.response.model", oi_response.model, a."llm.model_name",
+                 haystack_output[1].meta.model) AS response_model,
 
         CASE dialect
             WHEN 'openinference' THEN
@@ -138,6 +145,7 @@ normalized AS (
             WHEN 'span_events' THEN span_event_input_messages(span_events)
             WHEN 'logfire' THEN [openai_message(m, NULL) FOR m IN logfire_input]
             WHEN 'ai_sdk' THEN ai_sdk_input_messages(TRY_CAST(attributes ->> 'ai.prompt.messages' AS JSON))
+            WHEN 'haystack' THEN [haystack_message(m) FOR m IN haystack_input]
             -- system instructions sent apart come first, unless the input messages hold them too (the
             -- contrib openai-agents-v2 writes both)
             ELSE genai_input_messages(
@@ -167,6 +175,8 @@ normalized AS (
             THEN [ai_sdk_output_message(attributes ->> 'ai.response.text',
                                         TRY_CAST(attributes ->> 'ai.response.toolCalls' AS JSON),
                                         a."ai.response.finishReason")]
+            WHEN 'haystack'
+            THEN [with_finish_reason(haystack_message(m), m.meta.finish_reason) FOR m IN haystack_output]
             ELSE genai_output_messages(TRY_CAST(content."gen_ai.output.messages" AS JSON), legacy_completion)
         END AS output_messages_list,
         -- The finish reason of each output message, read without building the messages. The gateway writes
@@ -184,6 +194,7 @@ normalized AS (
             WHEN dialect = 'span_events'
             THEN [m.finish_reason FOR m IN span_event_output_messages(span_events)]
             WHEN dialect = 'ai_sdk' THEN [finish_reason(a."ai.response.finishReason")]
+            WHEN dialect = 'haystack' THEN [finish_reason(m.meta.finish_reason) FOR m IN haystack_output]
             ELSE [finish_reason(r)
                   FOR r IN json_extract_string(TRY_CAST(content."gen_ai.output.messages" AS JSON),
                                                '$[*].finish_reason')]
@@ -201,10 +212,11 @@ normalized AS (
                  TRY_CAST(oi_params ->> 'max_completion_tokens' AS INTEGER)) AS max_tokens,
         coalesce(a."gen_ai.request.seed", a."gen_ai.openai.request.seed",
                  TRY_CAST(oi_params ->> 'seed' AS BIGINT)) AS seed,
-        coalesce(a."gen_ai.usage.input_tokens", a."gen_ai.usage.prompt_tokens", a."llm.token_count.prompt")
-            AS input_tokens,
+        coalesce(a."gen_ai.usage.input_tokens", a."gen_ai.usage.prompt_tokens", a."llm.token_count.prompt",
+                 haystack_output[1].meta.usage.prompt_tokens) AS input_tokens,
         coalesce(a."gen_ai.usage.output_tokens", a."gen_ai.usage.completion_tokens",
-                 a."llm.token_count.completion") AS output_tokens,
+                 a."llm.token_count.completion", haystack_output[1].meta.usage.completion_tokens)
+            AS output_tokens,
         coalesce(a."gen_ai.usage.cache_read.input_tokens", a."llm.token_count.prompt_details.cache_read")
             AS cache_read_tokens,
 

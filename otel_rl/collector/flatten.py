@@ -38,6 +38,8 @@ CONTENT_ATTRIBUTES = frozenset(
         "gen_ai.tool.definitions",
         "input.value",
         "output.value",
+        "haystack.component.input",  # Haystack's own tracer: a component run's inputs and outputs
+        "haystack.component.output",
     }
 )
 # Each prefix is followed by an index (a message, tool or choice number), bounded by check_indexed_key.
