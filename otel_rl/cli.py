@@ -15,7 +15,7 @@ app = typer.Typer(
 # Each component defines its command (or sub-app) next to its code; heavy imports stay inside them. Each
 # names the extra it needs: a base install (`pip install otel-rl`, what a harness imports) shows a stand-in
 # saying what to install instead. Registrations (one line each):
-register(app, "serve", "otel_rl.server:serve", extra="server")
+register(app, "serve", "otel_rl.serve_cli:serve", extra="server")
 register(app, "sql", "otel_rl.query:sql_command", extra="server")
 register(app, "model", "otel_rl.tinymodel:model_app", extra="train")
 register(app, "vllm", "otel_rl.gateway.vllm:vllm_app", extra="server")

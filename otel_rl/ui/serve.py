@@ -14,7 +14,7 @@ def serve_until_interrupted(db: Path, *, tokenizer: Path | None, console: Consol
     import uvicorn
 
     from otel_rl.gateway.vllm import free_ports
-    from otel_rl.server import ServeSettings, _uvicorn_server, create_app
+    from otel_rl.server import ServeSettings, create_app, uvicorn_server
     from otel_rl.ui.link import web_view_line
 
     (port,) = free_ports(1)
@@ -27,5 +27,5 @@ def serve_until_interrupted(db: Path, *, tokenizer: Path | None, console: Consol
     )
     config = uvicorn.Config(app, host=settings.host, port=port, log_level="warning", access_log=False)
     with contextlib.suppress(KeyboardInterrupt):  # uvicorn stops cleanly, then raises the Ctrl-C it caught
-        _uvicorn_server(config, on_exit=app.state.queries.stop_all).run()
+        uvicorn_server(config, on_exit=app.state.queries.stop_all).run()
     console.print("web view stopped")
