@@ -67,6 +67,7 @@ def create_app(settings: ServeSettings):  # noqa: ANN201 - FastAPI, imported laz
 
     from otel_rl.archive_api import ArchiveSchedule, archive_router
     from otel_rl.auth import Auth, Forbidden, Unauthorized, admin_required, admin_token
+    from otel_rl.coding.task_table import tasks_router
     from otel_rl.collector.http import collector_router
     from otel_rl.collector.rewards import rewards_router
     from otel_rl.gateway.metrics import GatewayState
@@ -155,6 +156,7 @@ def create_app(settings: ServeSettings):  # noqa: ANN201 - FastAPI, imported laz
     app.include_router(query_router(store, auth, limits, app.state.queries, query_slots))
     app.include_router(rewards_router(store, auth))
     app.include_router(archive_router(store, auth))
+    app.include_router(tasks_router(store, auth))
     ui_tokenizer = settings.tokenizer or settings.model
     app.include_router(
         ui_router(

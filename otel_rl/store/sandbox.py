@@ -29,6 +29,7 @@ RAW_TABLE_NAMES = frozenset(
         "metric_points",
         "rollout_keys",
         "rollout_key_revocations",
+        "tasks",
         "view_sources",
     }
 )

@@ -13,11 +13,11 @@ import pyarrow as pa
 from otel_rl.store import normalize
 from otel_rl.store.definitions import SqlFile, defined_normalized, normalized_fingerprint, read_definitions
 from otel_rl.store.detections import create_detections
-from otel_rl.store.layout import ARCHIVE_FILES, KEY_TABLES, RAW_TABLES
+from otel_rl.store.layout import ARCHIVE_FILES, KEY_TABLES, RAW_TABLES, TASK_TABLES
 
 log = logging.getLogger(__name__)
 
-COMMIT_NUMBERED = tuple(layout.table for layout in RAW_TABLES if layout.commit_numbered)
+COMMIT_NUMBERED = tuple(layout.table for layout in (*RAW_TABLES, *TASK_TABLES) if layout.commit_numbered)
 LEGACY_COMMIT_ROWS = 16_384  # rows stored before commits were numbered: numbered this many to a commit
 _VIEW_SOURCES_SQL = """
 CREATE TABLE IF NOT EXISTS view_sources (   -- the transforms/*.sql files whose views are in place
@@ -56,7 +56,7 @@ def create_tables(con: duckdb.DuckDBPyConnection) -> None:
         ).fetchall()
     }
     tables = {table for table, _ in existing}
-    for layout in (*RAW_TABLES, *KEY_TABLES, ARCHIVE_FILES):
+    for layout in (*RAW_TABLES, *KEY_TABLES, *TASK_TABLES, ARCHIVE_FILES):
         if layout.table not in tables:
             con.execute(layout.ddl())  # with its comments, written once
             continue
