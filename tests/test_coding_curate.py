@@ -1,0 +1,86 @@
+"""otel-rl tasks curate over a real store: rollouts and grader rewards written through the collector's
+ingest into the store's writer, selected by their trusted rewards."""
+
+import json
+
+from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from typer.testing import CliRunner
+
+from otel_rl import attributes as attr
+from otel_rl.cli import app
+from otel_rl.collector.ingest import logs_batch, traces_batch
+from otel_rl.collector.rewards import RewardIn, reward_log_request
+from otel_rl.store import Store
+from otel_rl.store.layout import SENDER_ADMIN
+
+# task -> its probes' grader rewards
+PROBES = {
+    "mixed-1": [1, 0, 0, 1], "mixed-2": [0, 1, 0, 0], "mixed-eval": [1, 0, 1, 0],
+    "fail-1": [0, 0, 0, 0], "fail-2": [0, 0, 0, 0], "fail-3": [0, 0, 0, 0], "pass-1": [1, 1, 1, 1],
+}  # fmt: skip
+
+
+def task_line(instance_id: str, repo: str) -> str:
+    return json.dumps({
+        "instance_id": instance_id, "repo": repo, "base_commit": "0" * 40, "problem_statement": "p",
+        "FAIL_TO_PASS": ["tests/test_a.py::test_a"], "PASS_TO_PASS": [], "test_patch": "", "patch": "",
+        "repo_path": "repo",
+    })  # fmt: skip
+
+
+def write_probes(store: Store, start_ns: int) -> None:
+    for task_id, rewards in PROBES.items():
+        for i, value in enumerate(rewards):
+            rollout_id = f"{task_id}-r{i}"
+            exporter = InMemorySpanExporter()
+            provider = TracerProvider()
+            provider.add_span_processor(SimpleSpanProcessor(exporter))
+            identity = {
+                attr.ROLLOUT_ID: rollout_id,
+                attr.ATTEMPT_ID: f"{rollout_id}-a",
+                attr.TASK_ID: task_id,
+            }
+            span = provider.get_tracer(attr.CONTROLLER_SCOPE).start_span(
+                attr.ROLLOUT_SPAN_NAME,
+                start_time=start_ns,
+                attributes={**identity, attr.ROLLOUT_STATUS: "ok"},
+            )
+            span.end(end_time=start_ns + 10**9)
+            store.write(traces_batch(encode_spans(exporter.get_finished_spans()), SENDER_ADMIN), "spans")
+            # the harness's self-report says pass; the grader's trusted reward is what counts
+            for source, reward in (("harness", 1.0), ("grader", float(value))):
+                record = RewardIn(rollout_id=rollout_id, name="outcome", value=reward, source=source)
+                request = reward_log_request(record, now_ns=start_ns + 2 * 10**9)
+                store.write(logs_batch(store, request, SENDER_ADMIN), "logs")
+
+
+def test_curate_keeps_mixed_tasks_a_capped_always_fail_share_and_no_eval_repo(tmp_path) -> None:
+    import time
+
+    tasks = tmp_path / "tasks.jsonl"
+    repos = {"mixed-eval": "org/eval-repo"}
+    tasks.write_text("".join(task_line(t, repos.get(t, "org/train")) + "\n" for t in PROBES))
+    evaluation = tmp_path / "eval.jsonl"
+    evaluation.write_text(task_line("eval-1", "org/eval-repo") + "\n")
+    db = tmp_path / "store.duckdb"
+    with Store(db) as store:
+        write_probes(store, time.time_ns() - 10 * 10**9)
+    out = tmp_path / "curated.jsonl"
+    result = CliRunner().invoke(app, [
+        "tasks", "curate", str(tasks), "--out", str(out), "--db", str(db), "--always-fail-share", "0.34",
+        "--exclude-repos-of", str(evaluation),
+    ])  # fmt: skip
+    assert result.exit_code == 0, result.output
+    summary = json.loads(result.output.strip().splitlines()[-1])
+    # 2 mixed; share 0.34 of the selection: 0.34 * 2 / 0.66 = 1.03 -> one always-fail task
+    assert (summary["mixed"], summary["always_fail"], summary["excluded_repos"]) == (2, 1, 1)
+    chosen = [json.loads(line)["instance_id"] for line in out.read_text().splitlines()]
+    assert chosen[:2] == ["mixed-1", "mixed-2"]
+    assert len(chosen) == 3 and chosen[2].startswith("fail-")
+    assert "mixed-eval" not in chosen and "pass-1" not in chosen
+    assert summary["dropped"]["pass-1"].startswith("always passes")
+    first = json.loads(out.read_text().splitlines()[0])
+    assert {"test_patch", "patch", "repo_path"} <= set(first)  # the task file's format, whole
