@@ -84,3 +84,45 @@ def test_curate_keeps_mixed_tasks_a_capped_always_fail_share_and_no_eval_repo(tm
     assert summary["dropped"]["pass-1"].startswith("always passes")
     first = json.loads(out.read_text().splitlines()[0])
     assert {"test_patch", "patch", "repo_path"} <= set(first)  # the task file's format, whole
+
+
+def test_load_and_curate_through_the_server_holding_the_store(tmp_path) -> None:
+    import os
+    import subprocess
+
+    import httpx
+    from otel_rl_server import OTEL_RL, ServerProcess
+
+    from otel_rl.query import query
+
+    tasks = tmp_path / "tasks.jsonl"
+    tasks.write_text("".join(task_line(t, "org/train") + "\n" for t in ("a-1", "a-2")))
+    db = tmp_path / "store.duckdb"
+    server = ServerProcess(db, tmp_path).start()
+    try:
+        env = {**os.environ, "OTEL_RL_SERVER": server.http_url, "OTEL_RL_TOKEN": server.token}
+        for _ in range(2):  # the file is held: the command asks the server, and a second load adds nothing
+            done = subprocess.run(
+                [str(OTEL_RL), "tasks", "load", str(tasks), "--db", str(db)],
+                env=env, capture_output=True, text=True, check=False, timeout=120,
+            )  # fmt: skip
+            assert done.returncode == 0, done.stderr
+        rows = query(
+            "SELECT instance_id, sender FROM tasks ORDER BY 1", server=server.http_url, token=server.token
+        )
+        assert rows.rows() == [("a-1", "admin"), ("a-2", "admin")]
+        refused = httpx.post(
+            f"{server.http_url}/v1/admin/tasks", json={"task_set": "x", "task_file": "", "tasks": []}
+        )
+        assert refused.status_code == 401
+        done = subprocess.run(
+            [str(OTEL_RL), "tasks", "curate", str(tasks), "--out", str(tmp_path / "c.jsonl"),
+             "--server", server.http_url, "--token", server.token],
+            capture_output=True, text=True, check=False, timeout=120,
+        )  # fmt: skip
+        assert done.returncode == 0, done.stderr
+        assert json.loads(done.stdout)["dropped"] == {
+            "a-1": "no probe with a trusted reward", "a-2": "no probe with a trusted reward"
+        }  # fmt: skip
+    finally:
+        server.stop()
