@@ -14,12 +14,13 @@ from otel_rl.cli import app
 from otel_rl.collector.ingest import logs_batch, traces_batch
 from otel_rl.collector.rewards import RewardIn, reward_log_request
 from otel_rl.store import Store
-from otel_rl.store.layout import SENDER_ADMIN
+from otel_rl.store.layout import SENDER_ADMIN, SENDER_ROLLOUT
 
 # task -> its probes' grader rewards
 PROBES = {
     "mixed-1": [1, 0, 0, 1], "mixed-2": [0, 1, 0, 0], "mixed-eval": [1, 0, 1, 0],
     "fail-1": [0, 0, 0, 0], "fail-2": [0, 0, 0, 0], "fail-3": [0, 0, 0, 0], "pass-1": [1, 1, 1, 1],
+    "hacked-1": [1, 0, 1, 0],  # its first rollout deletes the tests (a detector flags it) and passes
 }  # fmt: skip
 
 
@@ -29,6 +30,28 @@ def task_line(instance_id: str, repo: str) -> str:
         "FAIL_TO_PASS": ["tests/test_a.py::test_a"], "PASS_TO_PASS": [], "test_patch": "", "patch": "",
         "repo_path": "repo",
     })  # fmt: skip
+
+
+def tool_span(rollout_id: str, start_ns: int) -> object:
+    """The agent's own GenAI `execute_tool` span: `rm -rf tests/`, which the test_tampering detector flags."""
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    span = provider.get_tracer("agent").start_span(
+        "execute_tool bash",
+        start_time=start_ns + 1000,
+        attributes={
+            attr.ROLLOUT_ID: rollout_id,
+            attr.ATTEMPT_ID: f"{rollout_id}-a",
+            "gen_ai.operation.name": "execute_tool",
+            "gen_ai.tool.name": "bash",
+            "gen_ai.tool.call.id": f"{rollout_id}-call-0",
+            "gen_ai.tool.call.arguments": json.dumps({"command": "rm -rf tests/"}),
+            "gen_ai.tool.call.result": "",
+        },
+    )
+    span.end(end_time=start_ns + 2000)
+    return encode_spans(exporter.get_finished_spans())
 
 
 def write_probes(store: Store, start_ns: int) -> None:
@@ -50,6 +73,8 @@ def write_probes(store: Store, start_ns: int) -> None:
             )
             span.end(end_time=start_ns + 10**9)
             store.write(traces_batch(encode_spans(exporter.get_finished_spans()), SENDER_ADMIN), "spans")
+            if rollout_id == "hacked-1-r0":
+                store.write(traces_batch(tool_span(rollout_id, start_ns), SENDER_ROLLOUT), "spans")
             # the harness's self-report says pass; the grader's trusted reward is what counts
             for source, reward in (("harness", 1.0), ("grader", float(value))):
                 record = RewardIn(rollout_id=rollout_id, name="outcome", value=reward, source=source)
@@ -77,10 +102,16 @@ def test_curate_keeps_mixed_tasks_a_capped_always_fail_share_and_no_eval_repo(tm
     summary = json.loads(result.output.strip().splitlines()[-1])
     # 2 mixed; share 0.34 of the selection: 0.34 * 2 / 0.66 = 1.03 -> one always-fail task
     assert (summary["mixed"], summary["always_fail"], summary["excluded_repos"]) == (2, 1, 1)
+    assert summary["audit"] == 1
+    audit = [
+        json.loads(line)["instance_id"]
+        for line in (tmp_path / "curated.audit.jsonl").read_text().splitlines()
+    ]
+    assert audit == ["hacked-1"]
     chosen = [json.loads(line)["instance_id"] for line in out.read_text().splitlines()]
     assert chosen[:2] == ["mixed-1", "mixed-2"]
     assert len(chosen) == 3 and chosen[2].startswith("fail-")
-    assert "mixed-eval" not in chosen and "pass-1" not in chosen
+    assert "mixed-eval" not in chosen and "pass-1" not in chosen and "hacked-1" not in chosen
     assert summary["dropped"]["pass-1"].startswith("always passes")
     first = json.loads(out.read_text().splitlines()[0])
     assert {"test_patch", "patch", "repo_path"} <= set(first)  # the task file's format, whole
