@@ -17,6 +17,7 @@ from test_collector_http import spans_request
 from otel_rl.auth import Auth, Unauthorized, admin_token
 from otel_rl.collector.ingest import ingest_logs, ingest_traces, traces_batch
 from otel_rl.store import ReadOnlyViolation, Saturated, Store
+from otel_rl.store.store import normalized_lag
 from otel_rl.store.writer import GroupCommitWriter
 
 
@@ -128,6 +129,16 @@ def test_logs_sent_twice_are_stored_once_and_numbered_in_arrival_order(tmp_path)
 
     assert [row["body"] for row in stored] == ['"record 0"', '"record 1"', '"record 2"', '"record 3"']
     assert [row["seq"] for row in stored] == sorted({row["seq"] for row in stored})
+
+
+def test_a_store_whose_last_commit_was_all_duplicates_has_no_normalizing_to_do(tmp_path) -> None:
+    request = ExportLogsServiceRequest()
+    request.resource_logs.add().scope_logs.add().log_records.add(observed_time_unix_nano=1)
+    with Store(tmp_path / "dup.duckdb") as store:
+        ingest_logs(store, request)
+        ingest_logs(store, request)  # numbered, stores nothing: the watermark passes the last stored commit
+
+    assert normalized_lag(tmp_path / "dup.duckdb") == 0  # it said -1, and every `otel-rl sql --db` caught up
 
 
 def calls_request(*span_ids: int) -> ExportTraceServiceRequest:
