@@ -116,9 +116,13 @@ def isolated_network() -> list[str]:
     return []
 
 
-def run_pages(pages: list[Path], folder: Path, *, timeout_s: float) -> subprocess.CompletedProcess:
+def run_pages(
+    pages: list[Path], folder: Path, *, timeout_s: float, own_network: bool = True
+) -> subprocess.CompletedProcess:
     """Run the runnable blocks of `pages`, in order, in `folder` (which holds a copy of `examples/`, as a
-    clone does), with this checkout's environment first on PATH and no otel-rl token in the environment."""
+    clone does), with this checkout's environment first on PATH and no otel-rl token in the environment.
+    `own_network=False` runs them as the caller: pages that open no port, such as bubblewrap's, which
+    refuses to sandbox as the root of `unshare -r`'s namespace."""
     blocks = [block for page in pages for block in runnable_blocks(page)]
     if not blocks:
         raise ValueError(f"no runnable blocks in {[p.name for p in pages]}")
@@ -129,7 +133,7 @@ def run_pages(pages: list[Path], folder: Path, *, timeout_s: float) -> subproces
     environment = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "OPENAI_"))}
     environment["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{environment.get('PATH', '')}"
     process = subprocess.Popen(
-        [*isolated_network(), "bash", "run.sh"],
+        [*(isolated_network() if own_network else []), "bash", "run.sh"],
         cwd=folder,
         env=environment,
         stdout=subprocess.PIPE,

@@ -17,10 +17,10 @@ DOCS = REPOSITORY / "docs"
 PAGE_TIMEOUT_S = 600.0  # a shared 2-core machine under load: vLLM alone has taken 150 s to start
 
 
-def run_journey(pages: list[Path], folder: Path) -> str:
+def run_journey(pages: list[Path], folder: Path, *, own_network: bool = True) -> str:
     """Run the pages' blocks in `folder`; their output (shown on failure)."""
     started = time.monotonic()
-    result = run_pages(pages, folder, timeout_s=PAGE_TIMEOUT_S)
+    result = run_pages(pages, folder, timeout_s=PAGE_TIMEOUT_S, own_network=own_network)
     took = time.monotonic() - started
     assert result.returncode == 0, (
         f"{[p.name for p in pages]} failed after {took:.0f} s:\n{result.stdout[-6000:]}"
@@ -34,8 +34,9 @@ def test_the_first_hour_as_written_traces_agents_exports_samples_and_trains(tmp_
     """The quick start (model server, calculator agent, SQL), then in its folder the zero-code page, the
     gateway's APIs by hand, the samples export, a first offline run and the web view's data, as one reader
     would follow them."""
-    pages = ("quickstart.md", "zero-code.md", "harnesses.md", "samples.md", "training.md", "ui.md")
-    output = run_journey([DOCS / page for page in pages], tmp_path)
+    pages = ("zero-code.md", "harnesses.md", "samples.md", "training.md", "ui.md")
+    readme = REPOSITORY / "README.md"  # its block runs in the quick start's folder, as the README says
+    output = run_journey([DOCS / "quickstart.md", readme, *(DOCS / page for page in pages)], tmp_path)
     db = [tmp_path / ".otel_rl" / "otel_rl.duckdb"]
     rollouts = query("SELECT rollout_id, status, n_calls FROM rollouts ORDER BY rollout_id", db=db)
     calculator = rollouts.filter(pl.col("rollout_id") != "r-0001")
@@ -62,6 +63,16 @@ def test_the_first_hour_as_written_traces_agents_exports_samples_and_trains(tmp_
     assert (tmp_path / "runs" / "first" / "step-2" / "model.safetensors").is_file()
     steps = query("SELECT count(*) AS n FROM spans WHERE name = 'otel_rl.train.step'", db=db)
     assert steps["n"][0] == 2  # the offline run's updates, recorded on the server for the web view
+
+
+def test_the_coding_page_builds_validates_sandboxes_and_grades_as_written(tmp_path: Path) -> None:
+    """docs/coding.md's "Try it": HumanEval built, one task validated, a command in the sandbox, a patch
+    graded 1, with real bubblewrap and the grader's pytest (no server: the commands work on files)."""
+    output = run_journey([DOCS / "coding.md"], tmp_path, own_network=False)
+    assert '{"instance_id":"HumanEval__0","valid":true,"reasons":[]}' in output
+    assert "/workspace ['.git', 'solution.py']" in output or "/workspace ['solution.py', '.git']" in output
+    assert re.search(r'"outcome":"graded","reward":1\b', output), output[-3000:]
+    assert len((tmp_path / "he.jsonl").read_text().splitlines()) == 164
 
 
 def test_every_page_spells_the_otlp_header_as_the_otel_spec_does() -> None:
