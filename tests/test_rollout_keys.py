@@ -16,7 +16,7 @@ from otel_rl_server import OTEL_RL, ServerProcess
 from test_collector_http import PROTOBUF, spans_request
 
 from otel_rl.controller import Controller, ControllerSettings, Rollout
-from otel_rl.controller.local import RolloutStatus, new_id
+from otel_rl.controller.rollouts import RolloutStatus, new_id
 from otel_rl.gateway.vllm import free_ports
 from otel_rl.train.server_client import ServerClient
 

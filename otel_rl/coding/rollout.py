@@ -24,7 +24,7 @@ from otel_rl.coding.grader import GradeResult, PatchError, grade
 from otel_rl.coding.tasks import Task, TaskError, TaskSet
 from otel_rl.coding.workspace import make_workspace, workspace_diff
 from otel_rl.controller.launcher import Launch
-from otel_rl.controller.local import Rollout, RolloutStatus
+from otel_rl.controller.rollouts import Rollout, RolloutStatus
 
 # The URLs the harness reaches its server by: each must be a loopback port, forwarded into the sandbox.
 FORWARDED_URLS = ("OPENAI_BASE_URL", "OTEL_EXPORTER_OTLP_ENDPOINT")

@@ -1,9 +1,8 @@
 """Rollout controller: runs the user's harness once per rollout, with the rollout's identity and keys."""
 
-from otel_rl.controller.local import (
+from otel_rl.controller.local import Controller, ControllerSettings
+from otel_rl.controller.rollouts import (
     AttemptResult,
-    Controller,
-    ControllerSettings,
     Rollout,
     RolloutResult,
     RolloutStatus,

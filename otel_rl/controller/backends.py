@@ -12,14 +12,8 @@ from pydantic import BaseModel, ConfigDict, model_validator
 
 from otel_rl.coding.settings import CodingSection
 from otel_rl.controller.kubernetes.settings import KubernetesSettings
-from otel_rl.controller.local import (
-    Controller,
-    ControllerSettings,
-    KeyIssuer,
-    KeyRevoker,
-    Rollout,
-    RolloutResult,
-)
+from otel_rl.controller.local import Controller, ControllerSettings, KeyIssuer, KeyRevoker
+from otel_rl.controller.rollouts import Rollout, RolloutResult
 
 
 class ControllerSection(BaseModel):

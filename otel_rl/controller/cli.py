@@ -76,7 +76,7 @@ def run_command(
     from rich.markup import escape
     from rich.table import Table
 
-    from otel_rl.controller.local import Rollout, new_id
+    from otel_rl.controller.rollouts import Rollout, new_id
     from otel_rl.input_rules import check_id
     from otel_rl.train.config import ConfigError, load_config
     from otel_rl.train.controllers import open_runner, train_settings

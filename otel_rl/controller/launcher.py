@@ -11,7 +11,7 @@ from opentelemetry.trace import Span
 from opentelemetry.util.types import AttributeValue
 
 if TYPE_CHECKING:
-    from otel_rl.controller.local import Rollout, RolloutStatus
+    from otel_rl.controller.rollouts import Rollout, RolloutStatus
 
 
 @dataclass

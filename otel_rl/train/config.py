@@ -66,6 +66,11 @@ class AlgorithmSettings(_Section):
     groups_per_step: int = Field(16, ge=1)  # B complete groups per update
     max_staleness: int = Field(1, ge=0)  # samples from policy versions older than current - this are dropped
 
+    @property
+    def max_outstanding_groups(self) -> int:
+        """The staleness bound on groups in flight: more could not all train within `max_staleness`."""
+        return self.groups_per_step * (self.max_staleness + 1)
+
 
 class RewardSettings(_Section):
     """Which `gen_ai.evaluation.result` events are the reward (otel_rl.transforms.RewardSpec)."""

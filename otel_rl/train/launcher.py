@@ -41,11 +41,6 @@ class Collected(NamedTuple):
     seen_through: int | None
 
 
-def max_outstanding(config: TrainConfig) -> int:
-    """The staleness bound on groups in flight."""
-    return config.algorithm.groups_per_step * (config.algorithm.max_staleness + 1)
-
-
 def adoptable_groups(rollouts: list[Rollout], run_id: str, skip: set[str]) -> dict[str, list[Rollout]]:
     """The run's training rollouts left running, by group, without the groups in `skip` (trained on, or
     queued as finished: all their status spans are in the store already)."""
@@ -147,9 +142,10 @@ class GroupLauncher:
             async with self._room:  # may pass the bound (with `reused`): new groups then wait
                 self._outstanding += 1
             self._spawn(group_id, rollouts)
+        bound = self.config.algorithm.max_outstanding_groups
         while True:
             async with self._room:
-                await self._room.wait_for(lambda: self._outstanding < max_outstanding(self.config))
+                await self._room.wait_for(lambda: self._outstanding < bound)
                 self._outstanding += 1
             task = task_for_group(self.tasks, self.state.next_group, self.config.seed)
             self.state.next_group += 1

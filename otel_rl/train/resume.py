@@ -14,7 +14,6 @@ import polars as pl
 
 from otel_rl.controller import new_id
 from otel_rl.train.groups import final_attempts_sql, reusable_groups
-from otel_rl.train.launcher import max_outstanding
 
 if TYPE_CHECKING:
     from otel_rl.train.config import TrainConfig
@@ -108,4 +107,4 @@ def unused_groups(client: ServerClient, config: TrainConfig, run_id: str, state:
     # harnesses of a loop killed with SIGKILL may end on their own later, but no controller saw them do so.
     finals = client.query(final_attempts_sql(found)).group_by("group_id").len()
     finished = set(finals.filter(pl.col("len") == group_size)["group_id"])
-    return [group for group in found if group in finished][: max_outstanding(config)]
+    return [group for group in found if group in finished][: config.algorithm.max_outstanding_groups]

@@ -16,7 +16,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from otel_rl.controller.kubernetes import names
-from otel_rl.controller.local import RETRIED, Rollout, RolloutStatus
+from otel_rl.controller.rollouts import RETRIED, Rollout, RolloutStatus
 
 log = logging.getLogger(__name__)
 

@@ -35,18 +35,8 @@ from otel_rl.controller.kubernetes.ids import FixedIds, random_traceparent, spli
 from otel_rl.controller.kubernetes.render import Attempt, load_template, render_job, render_secret
 from otel_rl.controller.kubernetes.settings import KubernetesSettings
 from otel_rl.controller.kubernetes.status import Ending, ending
-from otel_rl.controller.local import (
-    RETRIED,
-    AttemptResult,
-    ControllerSettings,
-    KeyIssuer,
-    KeyRevoker,
-    Rollout,
-    RolloutResult,
-    RolloutStatus,
-    new_id,
-    revoke_quietly,
-)
+from otel_rl.controller.local import ControllerSettings, KeyIssuer, KeyRevoker, revoke_quietly
+from otel_rl.controller.rollouts import RETRIED, AttemptResult, Rollout, RolloutResult, RolloutStatus, new_id
 
 CHECK_S = 5.0  # how often a waiting attempt re-reads its state without an event (pending timeouts)
 MAX_LOG_BYTES = 1 << 20  # of a pod's log copied to log_dir

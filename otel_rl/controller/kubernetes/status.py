@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from otel_rl.controller.local import RolloutStatus
+from otel_rl.controller.rollouts import RolloutStatus
 
 # A container waiting for one of these will not start without someone changing something.
 STUCK_WAITING = frozenset(
