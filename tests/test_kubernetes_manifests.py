@@ -25,7 +25,7 @@ import yaml
 
 from otel_rl.controller.kubernetes.render import Attempt, load_template, render_job
 from otel_rl.gateway.vllm import free_ports
-from otel_rl.server import serve
+from otel_rl.serve_cli import serve
 
 K8S_VERSION = "1.32"  # the schema the manifests are checked against (kubectl here is 1.32 too)
 ROOT = Path(__file__).resolve().parents[1]
