@@ -66,7 +66,8 @@ def test_no_network_a_host_loopback_port_is_unreachable(workspace: Path) -> None
     listener = socket.create_server(("127.0.0.1", 0))
     port = listener.getsockname()[1]
     accepted: list[object] = []
-    threading.Thread(target=lambda: accepted.append(listener.accept()), daemon=True).start()
+    acceptor = threading.Thread(target=lambda: accepted.append(listener.accept()), daemon=True)
+    acceptor.start()
     probe = f"""
 import socket
 try:
@@ -78,6 +79,7 @@ except OSError as error:
     done = sandbox.run(workspace, ["python", "-c", probe], limits=SMALL)
     assert done.stdout.strip() == b"ConnectionRefusedError"
     socket.create_connection(("127.0.0.1", port), timeout=3).close()  # the control: reachable from the host
+    acceptor.join(timeout=10)  # the accept returns once the control connected: wait for it, not a race
     listener.close()
     assert len(accepted) == 1
 
