@@ -26,6 +26,11 @@ ROLLOUT_TRUNCATED = "otel_rl.rollout.truncated"
 # (otel_rl/coding/rollout.py).
 SANDBOX_MODE = "otel_rl.sandbox.mode"
 SANDBOX_LIMITS = "otel_rl.sandbox.limits."
+# What a coding sandbox's network denied (otel_rl/coding/forward.py), on the controller's rollout span: the
+# count, and one event per recorded attempt (network.transport, server.address, server.port,
+# dns.question.name).
+SANDBOX_DENIED_CONNECTS = "otel_rl.sandbox.denied_connects"
+SANDBOX_DENIED_EVENT = "otel_rl.sandbox.denied_connect"
 CODING_INSTANCE = "otel_rl.coding.instance_id"
 GRADE_OUTCOME = "otel_rl.grade.outcome"  # "graded" | "infrastructure_error" | "not_graded"
 GRADE_REWARD = "otel_rl.grade.reward"

@@ -91,6 +91,7 @@ def test_a_sandboxed_rollout_is_rewarded_by_the_grader_and_sees_only_the_gateway
         "model": MODEL,
         "ports": [upstream.port, server.grpc_port],  # listening on the host's loopback, not forwarded
         "outside": "10.255.255.1",
+        "resolve": "pypi.org",
         "host_paths": [str(task_set.path), str(server.db), str(server.workdir)],
     }
     rollouts = {
@@ -106,8 +107,10 @@ def test_a_sandboxed_rollout_is_rewarded_by_the_grader_and_sees_only_the_gateway
         assert attempt["status"] == "ok"
         report = json.loads(results[list(rollouts).index(answer)].attempts[-1].log_path.read_text())
         assert report["cwd"] == sandbox.WORKSPACE and len(report["git_log"]) == 1  # no history to mine
-        assert set(report["connects"].values()) == {"ConnectionRefusedError"}, report["connects"]
-        assert report["outside"] == "OSError"  # ENETUNREACH: loopback only
+        # caught inside: reset before any byte reaches the host's listener or an outside address
+        assert set(report["connects"].values()) == {"ConnectionResetError"}, report["connects"]
+        assert report["outside"] == "ConnectionResetError"
+        assert report["resolved"] == "gaierror"  # the sandbox's DNS refuses every name
         assert not any(report["host_paths"].values()), report["host_paths"]
         visible = report["visible"]
         assert "OPENAI_API_KEY=orl-rk-" in visible  # the dump reads the environment
@@ -146,6 +149,26 @@ def test_a_sandboxed_rollout_is_rewarded_by_the_grader_and_sees_only_the_gateway
         f"resource_attributes ->> 'otel_rl.rollout.id' = '{rollouts['right'].rollout_id}'"
     ).to_pylist()
     assert len(harness_resource) == 1 and "otel_rl.sandbox.mode" in str(harness_resource[0])
+
+    # the denied attempts, recorded by the sandbox's network on the controller's span, flag both rollouts
+    ids = "', '".join(rollout.rollout_id for rollout in rollouts.values())
+    evidence = server.sql(
+        "SELECT rollout_id, evidence FROM detections WHERE detector = 'network_denied' AND "
+        f"rollout_id IN ('{ids}')"
+    ).to_pylist()
+    for rollout in rollouts.values():
+        seen = {row["evidence"] for row in evidence if row["rollout_id"] == rollout.rollout_id}
+        expected = {
+            f"tcp 127.0.0.1:{upstream.port}",
+            f"tcp 127.0.0.1:{server.grpc_port}",
+            "tcp 10.255.255.1:80",
+        }
+        assert expected | {"dns pypi.org"} == seen, seen
+        flags = server.sql(
+            f"SELECT detectors FROM hack_flags WHERE rollout_id = '{rollout.rollout_id}'"
+        ).to_pylist()
+        assert flags and "network_denied" in flags[0]["detectors"], flags
+    assert attributes[attr.SANDBOX_DENIED_CONNECTS] >= 4
 
 
 def test_an_episode_cut_by_its_harness_limit_is_truncated_not_graded_and_left_out_of_training(

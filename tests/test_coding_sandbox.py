@@ -197,14 +197,67 @@ import socket, urllib.request
 body = urllib.request.urlopen("http://127.0.0.1:{port}/v1", data=b"x" * 200000, timeout=10).read()
 print(body[:12].decode(), len(body))
 try:
-    socket.create_connection(("127.0.0.1", {other_port}), timeout=3)
-    print("other reached")
+    with socket.create_connection(("127.0.0.1", {other_port}), timeout=3) as other:
+        other.sendall(b"GET / HTTP/1.0\\r\\n\\r\\n")
+        print("other reached", other.recv(100))
 except OSError as error:
     print(type(error).__name__)
 """
     try:
         done = sandbox.run(workspace, ["python", "-c", client], limits=SMALL, forward=(port,))
+        other.settimeout(0)
+        with pytest.raises(BlockingIOError):  # nothing reached the host's own listener
+            other.accept()
     finally:
         gateway.shutdown()
         other.close()
-    assert done.stdout.decode().split() == ["gateway", "saw", "200012", "ConnectionRefusedError"], done.stderr
+    # the host's other port is caught inside: the connect is reset before any byte, and recorded
+    assert done.stdout.decode().split() == ["gateway", "saw", "200012", "ConnectionResetError"], done.stderr
+    assert [(d.protocol, d.address, d.port) for d in done.denied] == [("tcp", "127.0.0.1", other_port)]
+
+
+def test_outside_addresses_and_dns_are_denied_and_recorded_and_the_agent_cannot_undo_it(
+    workspace: Path,
+) -> None:
+    gateway = socket.create_server(("127.0.0.1", 0))
+    port = gateway.getsockname()[1]
+    client = f"""
+import errno, socket, subprocess
+for host, port in [("93.184.215.14", 443), ("10.1.2.3", 80), ("::1", 22), ("127.0.0.1", 1)]:
+    try:
+        with socket.create_connection((host, port), timeout=3) as s:
+            s.sendall(b"x")
+            print(host, port, "answered", s.recv(10))
+    except OSError as error:
+        print(host, port, type(error).__name__)
+try:
+    socket.getaddrinfo("pypi.org", 443)
+    print("resolved")
+except socket.gaierror:
+    print("pypi.org unresolved")
+for port in (8080, {port}, 53):  # a caught port, the forwarded one, DNS: all held outside the sandbox
+    try:
+        socket.create_server(("127.0.0.1", port))
+        print(port, "bound")
+    except OSError as error:
+        print(port, errno.errorcode[error.errno])
+routes = subprocess.run(["ip", "route", "del", "local", "0.0.0.0/0", "dev", "lo"], capture_output=True)
+print("route", "deleted" if routes.returncode == 0 else "kept")
+"""
+    try:
+        done = sandbox.run(workspace, ["python", "-c", client], limits=SMALL, forward=(port,))
+    finally:
+        gateway.close()
+    lines = done.stdout.decode().splitlines()
+    assert lines[:4] == [
+        "93.184.215.14 443 ConnectionResetError",
+        "10.1.2.3 80 ConnectionResetError",
+        "::1 22 ConnectionResetError",
+        "127.0.0.1 1 ConnectionRefusedError",  # no catch on a port nothing listens on: refused, unrecorded
+    ], done.stderr
+    assert lines[4:] == [
+        "pypi.org unresolved", "8080 EADDRINUSE", f"{port} EADDRINUSE", "53 EACCES", "route kept",
+    ], done.stderr  # fmt: skip
+    tcp = [(d.address, d.port) for d in done.denied if d.protocol == "tcp"]
+    assert tcp == [("93.184.215.14", 443), ("10.1.2.3", 80), ("::1", 22)]
+    assert {d.name for d in done.denied if d.protocol == "dns"} == {"pypi.org"}

@@ -428,5 +428,6 @@ def test_the_detector_files_name_their_views_as_documented() -> None:
         "detect_visible_test_literals",
         "detect_grader_divergence",
         "detect_diff_test_files",
+        "detect_network_denied",
     ]
     assert all(f"CREATE OR REPLACE VIEW {f.stem.split('_', 1)[1]} AS" in f.read_text() for f in files)

@@ -5,6 +5,7 @@ the workspace's diff and the controller posts the reward as source `grader` with
 import asyncio
 import json
 import os
+import sys
 import tempfile
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
@@ -18,9 +19,8 @@ from opentelemetry.trace import Span
 from otel_rl import attributes as attr
 from otel_rl.auth import TOKEN_FILE
 from otel_rl.coding import sandbox
-from otel_rl.coding.forward import INSIDE as FORWARD_INSIDE
-from otel_rl.coding.forward import forwarded
-from otel_rl.coding.grader import GradeResult, PatchError, grade
+from otel_rl.coding.forward import Network, network
+from otel_rl.coding.grader import TEST_TIMEOUT_S, GradeResult, PatchError, grade
 from otel_rl.coding.tasks import Task, TaskError, TaskSet
 from otel_rl.coding.workspace import make_workspace, workspace_diff
 from otel_rl.controller.launcher import Launch
@@ -94,8 +94,12 @@ class CodingAttempt:
     rollout: Rollout
     workspace: Path
     gate: int | None  # None: unsandboxed, no bwrap to fail before the command
+    network: Network | None = None  # the sandbox's network: what it denied
 
     async def finish(self, status: RolloutStatus, returncode: int | None, span: Span) -> RolloutStatus:
+        if self.network is not None:
+            await asyncio.to_thread(self.network.settle)
+            record_denied(span, self.network)
         if self.gate is not None and not sandbox.command_started(self.gate):
             span.set_attribute(attr.GRADE_OUTCOME, "not_graded")
             span.set_attribute(attr.GRADE_ERROR, "the sandbox did not start (bwrap's error is in the log)")
@@ -119,6 +123,22 @@ class CodingAttempt:
             span.set_attribute(attr.GRADE_ERROR, f"posting the reward: {error}"[:1000])
             return RolloutStatus.INFRA_ERROR
         return status
+
+
+def record_denied(span: Span, net: Network) -> None:
+    """What the sandbox's network denied, on the controller's rollout span (a sender the server vouches
+    for, never the agent's process): the count, and one event per recorded attempt."""
+    span.set_attribute(attr.SANDBOX_DENIED_CONNECTS, net.count)
+    for denied in net.denied:
+        attributes: dict[str, str | int] = {
+            "network.transport": "udp" if denied.protocol == "dns" else "tcp",
+            "server.port": denied.port,
+        }
+        if denied.address:
+            attributes["server.address"] = denied.address
+        if denied.name:
+            attributes["dns.question.name"] = denied.name
+        span.add_event(attr.SANDBOX_DENIED_EVENT, attributes, timestamp=denied.time_unix_nano)
 
 
 def grade_attributes(result: GradeResult) -> dict[str, Any]:
@@ -167,6 +187,7 @@ class CodingLauncher:
         binds: Sequence[Path] = (),
         truncated_exit_codes: Sequence[int] = (),
         mode: sandbox.Mode = "bubblewrap",
+        test_timeout_s: float = TEST_TIMEOUT_S,
     ) -> None:
         if mode == "bubblewrap":
             sandbox.probe_user_namespaces()  # no sandbox here: stop now, saying what to enable
@@ -174,6 +195,7 @@ class CodingLauncher:
         self.task_set = task_set
         self.limits = limits
         self.grader_limits = grader_limits
+        self.test_timeout_s = test_timeout_s  # the grader's per-test timeout
         self._admin_token = admin_token
         self.post_reward = post_reward
         # the harness's exits that say its CLI stopped at its own turn or context limit
@@ -222,21 +244,25 @@ class CodingLauncher:
                 yield CodingAttempt(launch, self, task, rollout, workspace, None)
                 return
             await asyncio.to_thread(sandbox.hand_over, workspace)
-            with forwarded(list(ports), owner=sandbox.sandbox_owner()) as (folder, prefix):
-                binds = (*self.binds, sandbox.Bind(folder, FORWARD_INSIDE))
+            with network(list(ports), python=sys.executable) as net:
                 wall = sandbox.bwrap_argv(
-                    workspace, [*prefix, *argv], limits=self.limits, binds=binds, env=inside
+                    workspace,
+                    list(argv),
+                    limits=self.limits,
+                    binds=self.binds,
+                    env=inside,
+                    shared_network=True,
                 )
                 command, gate = sandbox.gated(wall)
                 try:
                     launch = Launch(
-                        command,
+                        [*net.prefix, *command],
                         {"PATH": os.environ.get("PATH", "/usr/bin:/bin")},  # bwrap's own: it clears the rest
                         pass_fds=(gate,),
                         timeout_s=self.limits.wall_seconds,
                         attributes=attributes,
                     )
-                    yield CodingAttempt(launch, self, task, rollout, workspace, gate)
+                    yield CodingAttempt(launch, self, task, rollout, workspace, gate, net)
                 finally:
                     os.close(gate)
 
@@ -244,7 +270,10 @@ class CodingLauncher:
         """Grade what the agent left, outside its sandbox; a failure of ours is an infrastructure error."""
         try:
             patch = workspace_diff(self.task_set, task, workspace)
-            return grade(self.task_set, task, patch, limits=self.grader_limits, mode=self.mode)
+            return grade(
+                self.task_set, task, patch, limits=self.grader_limits, mode=self.mode,
+                test_timeout_s=self.test_timeout_s,
+            )  # fmt: skip
         except (TaskError, PatchError, OSError) as error:
             return GradeResult(
                 instance_id=task.instance_id, outcome="infrastructure_error", reward=None,

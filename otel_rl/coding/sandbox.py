@@ -12,13 +12,12 @@ import shutil
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import cache
 from pathlib import Path
 from typing import Literal
 
-from otel_rl.coding.forward import INSIDE as FORWARD_INSIDE
-from otel_rl.coding.forward import forwarded
+from otel_rl.coding.forward import Denied, network
 
 WORKSPACE = "/workspace"
 HOME = "/home/agent"
@@ -51,6 +50,7 @@ class Completed:
     stdout: bytes
     stderr: bytes
     seconds: float
+    denied: tuple[Denied, ...] = ()  # attempts to reach what the sandbox's network does not forward
 
     @property
     def timed_out(self) -> bool:
@@ -83,11 +83,17 @@ def hand_over(path: Path) -> None:
             os.lchown(os.path.join(root, name), *owner)
 
 
-def _namespaces() -> list[str]:
+def _namespaces(shared_network: bool = False) -> list[str]:
+    """bwrap's namespaces; `shared_network`: the network namespace is the one bwrap was started in
+    (forward.network made it, and bwrap's command gets no privilege over it)."""
+    others = ["--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try"]
     if sandbox_owner() is None:
-        return ["--unshare-all"]  # user, mount, PID, network, IPC, UTS, cgroup
+        if not shared_network:
+            return ["--unshare-all"]  # user, mount, PID, network, IPC, UTS, cgroup
+        # started as root of forward.network's user namespace: map back to the caller's own ids
+        return ["--unshare-user", "--uid", str(os.getuid()), "--gid", str(os.getgid()), *others]
     # root: no user namespace (it would map uid 0 only), so that setpriv can become nobody inside
-    return ["--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try"]
+    return others if shared_network else ["--unshare-net", *others]
 
 
 def _identity() -> list[str]:
@@ -150,13 +156,22 @@ def bwrap_argv(
     limits: Limits,
     binds: tuple[Bind, ...] = (),
     env: dict[str, str] | None = None,
+    shared_network: bool = False,
 ) -> list[str]:
     """The full command line: bwrap's namespaces and mounts, then the identity switch (root callers), then
-    `prlimit` (inside the namespaces: RLIMIT_NPROC counts this sandbox's processes), then the command."""
+    `prlimit` (inside the namespaces: RLIMIT_NPROC counts this sandbox's processes), then the command.
+    `shared_network`: run under forward.network's prefix, in the network namespace it made."""
     bwrap = shutil.which("bwrap")
     if bwrap is None:
         raise SandboxError("bwrap (Debian package bubblewrap) is not installed")
-    argv = [bwrap, *_namespaces(), "--die-with-parent", "--new-session", "--hostname", "sandbox"]
+    argv = [
+        bwrap,
+        *_namespaces(shared_network),
+        "--die-with-parent",
+        "--new-session",
+        "--hostname",
+        "sandbox",
+    ]
     argv += _system_mounts() + _hidden_host_folders() + _python_mounts()
     argv += ["--proc", "/proc", "--dev", "/dev", "--bind", str(workspace), WORKSPACE]
     for bind in binds:
@@ -201,25 +216,24 @@ def run(
 ) -> Completed:
     """Run `command` in a fresh sandbox over `workspace`; the wall clock kills the whole session. A sandbox
     whose setup failed (its command never ran) raises SandboxError, apart from the command's own failures.
-    `forward`: host loopback ports (the gateway's, the OTLP endpoint's) reachable inside on the same ports."""
+    `forward`: host loopback ports (the gateway's, the OTLP endpoint's) reachable inside on the same ports;
+    what else the command tried to reach is in `denied` (forward.py)."""
     probe_user_namespaces()
-    if forward:
-        with forwarded(list(forward), owner=sandbox_owner()) as (folder, prefix):
-            binds = (*binds, Bind(folder, FORWARD_INSIDE))
-            return _run(workspace, [*prefix, *command], limits=limits, binds=binds, env=env, capture=capture)
-    return _run(workspace, command, limits=limits, binds=binds, env=env, capture=capture)
+    if not forward:
+        argv, gate = gated(bwrap_argv(workspace, command, limits=limits, binds=binds, env=env))
+        return _run(argv, gate, limits=limits, capture=capture)
+    try:
+        with network(list(forward), python=sys.executable) as net:
+            wall = bwrap_argv(workspace, command, limits=limits, binds=binds, env=env, shared_network=True)
+            argv, gate = gated(wall)
+            done = _run([*net.prefix, *argv], gate, limits=limits, capture=capture)
+            net.settle()
+            return replace(done, denied=tuple(net.denied))
+    except OSError as error:  # no unshare or ip here, or a namespace the kernel refused
+        raise SandboxError(f"the sandbox's network cannot be set up: {error}") from None
 
 
-def _run(
-    workspace: Path,
-    command: list[str],
-    *,
-    limits: Limits,
-    binds: tuple[Bind, ...],
-    env: dict[str, str] | None,
-    capture: bool,
-) -> Completed:
-    argv, gate = gated(bwrap_argv(workspace, command, limits=limits, binds=binds, env=env))
+def _run(argv: list[str], gate: int, *, limits: Limits, capture: bool) -> Completed:
     pipe = subprocess.PIPE if capture else None
     started = time.perf_counter()
     try:

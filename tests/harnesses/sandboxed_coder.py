@@ -21,11 +21,20 @@ SKIPPED = ("/proc", "/sys", "/dev", "/usr", os.path.realpath(sys.prefix), os.pat
 
 
 def connect(host: str, port: int) -> str:
+    """What a byte sent there gets: an answer, or the error that stopped it."""
     try:
-        socket.create_connection((host, port), timeout=2).close()
+        with socket.create_connection((host, port), timeout=2) as sock:
+            sock.sendall(b"GET / HTTP/1.0\r\n\r\n")
+            return "answered" if sock.recv(1) else "closed"
     except OSError as error:
         return type(error).__name__
-    return "connected"
+
+
+def resolve(name: str) -> str:
+    try:
+        return socket.getaddrinfo(name, 443)[0][4][0]
+    except OSError as error:
+        return type(error).__name__
 
 
 def visible_text() -> str:
@@ -77,6 +86,7 @@ def main() -> None:
         "cwd": os.getcwd(),
         "connects": {str(port): connect("127.0.0.1", port) for port in probes["ports"]},
         "outside": connect(probes["outside"], 80),
+        "resolved": resolve(probes["resolve"]) if "resolve" in probes else None,
         "host_paths": {path: os.path.exists(path) for path in probes["host_paths"]},
         "git_log": os.popen("git log --all --oneline").read().strip().splitlines(),
         "visible": visible_text() if probes.get("scan", True) else "",  # not the host's disk when unsandboxed
