@@ -148,6 +148,19 @@ def test_a_hanging_test_run_is_an_infrastructure_failure_not_a_reward(
     assert "wall clock" in (result.error or "")
 
 
+def test_a_hanging_test_is_a_failed_test_named_and_the_others_still_run(
+    calc: tuple[TaskSet, Task], tmp_path: Path
+) -> None:
+    task_set, task = calc
+    # add(0, 0) hangs: test_add_zero would hold the run up to its wall clock; the per-test timeout fails it
+    hang = FIXED.replace("def add(a, b):\n", "def add(a, b):\n    while a == 0:\n        time.sleep(1)\n")
+    patch = edited(task_set, task, tmp_path / "w", {"calc/__init__.py": "import time\n" + hang})
+    result = grade(task_set, task, patch, limits=LIMITS, test_timeout_s=2)
+    assert (result.outcome, result.reward) == ("graded", 0)
+    assert result.tests == {F2P[0]: "passed", F2P[1]: "failed", P2P: "passed"}
+    assert result.seconds < 30  # far below the 60 s wall clock: the run did not wait for it
+
+
 def test_a_patch_that_does_not_apply_is_an_infrastructure_failure(calc: tuple[TaskSet, Task]) -> None:
     task_set, task = calc
     stale = task.patch.replace("-    return a - b", "-    return a ** b")

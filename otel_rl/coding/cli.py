@@ -121,6 +121,7 @@ def grade_command(
     patch: Annotated[Path, typer.Option("--patch", help="the diff to grade (git diff format; - for stdin)")],
     cpu_seconds: CpuSeconds = 600,
     wall_seconds: WallSeconds = 900.0,
+    test_timeout: Annotated[float, typer.Option(help="seconds one test may run; past it, it failed")] = 60.0,
 ) -> None:
     """Grade one patch outside the agent's sandbox; print JSON: reward, tests, dropped_paths (and outcome,
     error). Exit status 0 when graded, 1 on an infrastructure failure (no reward), 2 on bad input."""
@@ -131,6 +132,7 @@ def grade_command(
         result = grade(
             task_set, task, data.decode(errors="surrogateescape"),
             limits=sandbox.Limits(cpu_seconds=cpu_seconds, wall_seconds=wall_seconds),
+            test_timeout_s=test_timeout,
         )  # fmt: skip
     except (TaskError, PatchError, OSError) as error:
         typer.echo(f"error: {instance}: {error}", err=True)

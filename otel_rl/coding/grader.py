@@ -19,6 +19,9 @@ from otel_rl.coding.workspace import git, make_workspace
 
 MAX_PATCH_BYTES = 10 << 20
 MAX_JUNIT_BYTES = 64 << 20
+# A test running longer is stopped and failed (pytest-timeout, SIGALRM: the run goes on with the next test);
+# the sandbox's wall clock stays the bound of the whole run.
+TEST_TIMEOUT_S = 60.0
 # Files that steer how tests are collected, run or reported: an agent's hunk on one of them is dropped.
 TEST_CONFIG_NAMES = {"conftest.py", "pytest.ini", ".pytest.ini", "tox.ini", "setup.cfg"}
 STARTUP_HOOKS = {"sitecustomize.py", "usercustomize.py"}
@@ -190,12 +193,20 @@ def read_junit(xml: bytes, *, nonce: str) -> dict[str, TestStatus]:
 
 
 def pytest_command(
-    test_files: list[str], *, nonce: str, root: str = sandbox.WORKSPACE, out: str = "/grader"
+    test_files: list[str],
+    *,
+    nonce: str,
+    root: str = sandbox.WORKSPACE,
+    out: str = "/grader",
+    test_timeout_s: float = TEST_TIMEOUT_S,
 ) -> list[str]:
     """Isolated pytest (`-I`: no user site, no PYTHON* variables, no script folder on sys.path), no cache,
-    junit XML written outside the tree being tested (`root`, `out`: where the sandbox shows them)."""
+    junit XML written outside the tree being tested (`root`, `out`: where the sandbox shows them), each test
+    failed once it runs past `test_timeout_s` (pytest-timeout, loaded by name: PYTEST_ENV loads no plugin
+    on its own)."""
     return [
         "python", "-I", "-B", "-m", "pytest", "-p", "no:cacheprovider", "-q",
+        "-p", "timeout", f"--timeout={test_timeout_s:g}", "--timeout-method=signal",
         f"--rootdir={root}", "-o", f"pythonpath={root}",
         f"--junitxml={out}/junit.xml", "-o", "junit_family=xunit1", "-o", f"junit_suite_name={nonce}",
         "--", *test_files,
@@ -203,11 +214,18 @@ def pytest_command(
 
 
 def grade(
-    task_set: TaskSet, task: Task, patch: str, *, limits: sandbox.Limits, mode: sandbox.Mode = "bubblewrap"
+    task_set: TaskSet,
+    task: Task,
+    patch: str,
+    *,
+    limits: sandbox.Limits,
+    mode: sandbox.Mode = "bubblewrap",
+    test_timeout_s: float = TEST_TIMEOUT_S,
 ) -> GradeResult:
     """Grade one patch. Bad input (PatchError) is raised; a failure of the grading machinery is returned
-    as outcome `infrastructure_error` with no reward. `mode` "unsandboxed" (asked for by name only) runs
-    pytest as a plain process with the same rlimits and wall clock."""
+    as outcome `infrastructure_error` with no reward. A test past `test_timeout_s` is a failed test; the
+    run past the wall clock of `limits` an infrastructure failure. `mode` "unsandboxed" (asked for by name
+    only) runs pytest as a plain process with the same rlimits and wall clock."""
     started = time.perf_counter()
     expected = task.expected_tests
     files = list(dict.fromkeys(test.split("::")[0] for test in expected))
@@ -229,10 +247,12 @@ def grade(
         binds = (sandbox.Bind(out, "/grader", writable=True),)
         try:
             if mode == "unsandboxed":
-                command = pytest_command(files, nonce=nonce, root=str(tree), out=str(out))
+                command = pytest_command(
+                    files, nonce=nonce, root=str(tree), out=str(out), test_timeout_s=test_timeout_s
+                )
                 done = sandbox.run_unsandboxed(tree, command, limits=limits, env=PYTEST_ENV)
             else:
-                command = pytest_command(files, nonce=nonce)
+                command = pytest_command(files, nonce=nonce, test_timeout_s=test_timeout_s)
                 done = sandbox.run(tree, command, limits=limits, binds=binds, env=PYTEST_ENV)
         except sandbox.SandboxError as error:
             return _failed(task, f"sandbox: {error}", dropped, started)
