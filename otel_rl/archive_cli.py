@@ -72,15 +72,15 @@ def _run(policy: ArchivePolicy, db: Path | None, server: str | None, token: str 
     """The run on the store file, or through the server holding it (or `server`); its summary lines."""
     import duckdb
 
-    from otel_rl.query import DEFAULT_DB, DEFAULT_SERVER
+    from otel_rl.query import DEFAULT_SERVER
     from otel_rl.store import Store
     from otel_rl.store.archiver import ArchiveError
-    from otel_rl.store.connection import connect
+    from otel_rl.store.connection import connect, default_db
     from otel_rl.store.wal import StoreDamaged
 
     if server is not None:
         return _ask_server(server, policy, token, "asked for")
-    path = db or Path(os.environ.get("OTEL_RL_DB") or DEFAULT_DB)
+    path = db or default_db()
     if not path.is_file():
         raise ArchiveFailed(f"no otel-rl store at {path}")
     try:

@@ -7,7 +7,8 @@ import typer
 
 from otel_rl.auth import DEFAULT_KEY_LIFETIME_S
 from otel_rl.connections import ConnectionLimits
-from otel_rl.server import ServeSettings, create_app, default_db, uvicorn_config, uvicorn_server
+from otel_rl.server import ServeSettings, create_app, uvicorn_config, uvicorn_server
+from otel_rl.store.connection import default_db
 
 if TYPE_CHECKING:
     from otel_rl.gateway.limits import RequestLimits

@@ -1,6 +1,5 @@
 """`otel-rl serve`: one process with the OTLP receivers (HTTP and gRPC), the query API and rewards."""
 
-import os
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
@@ -9,16 +8,11 @@ from typing import TYPE_CHECKING, Annotated
 
 from otel_rl.auth import DEFAULT_KEY_LIFETIME_S
 from otel_rl.connections import ConnectionLimits
+from otel_rl.store.connection import default_db
 
 if TYPE_CHECKING:
     from otel_rl.archive_api import ScheduleSettings
     from otel_rl.gateway.limits import RequestLimits
-
-DEFAULT_DB = Path(".otel_rl") / "otel_rl.duckdb"
-
-
-def default_db() -> Path:
-    return Path(os.environ.get("OTEL_RL_DB") or DEFAULT_DB)
 
 
 @dataclass

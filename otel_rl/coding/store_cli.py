@@ -66,14 +66,14 @@ def _load(body: TasksIn, db: Path | None, server: str | None, token: str | None)
     import duckdb
 
     from otel_rl.coding.task_table import store_tasks
-    from otel_rl.query import DEFAULT_DB, DEFAULT_SERVER
+    from otel_rl.query import DEFAULT_SERVER
     from otel_rl.store import Store
-    from otel_rl.store.connection import connect
+    from otel_rl.store.connection import connect, default_db
     from otel_rl.store.partitions import PartitionError, check_stores
 
     if server is not None:
         return _ask_server(server, body, token, "asked for")
-    path = db or Path(os.environ.get("OTEL_RL_DB") or DEFAULT_DB)
+    path = db or default_db()
     url = os.environ.get("OTEL_RL_SERVER") or DEFAULT_SERVER
     if not path.is_file():
         if db is None:

@@ -1,6 +1,5 @@
 """`otel-rl store check` and `otel-rl store recover` (the work is in otel_rl/store/check.py)."""
 
-import os
 from pathlib import Path
 from typing import Annotated
 
@@ -14,9 +13,9 @@ DbOption = Annotated[
 
 
 def _db(db: Path | None) -> Path:
-    from otel_rl.server import DEFAULT_DB
+    from otel_rl.store.connection import default_db
 
-    return db or Path(os.environ.get("OTEL_RL_DB") or DEFAULT_DB)
+    return db or default_db()
 
 
 @store_app.command("check")

@@ -1,13 +1,21 @@
 """Opening a store file: always under one catalog name, whatever the file is called."""
 
+import os
 from pathlib import Path
 
 import duckdb
+
+DEFAULT_DB = Path(".otel_rl") / "otel_rl.duckdb"
 
 # DuckDB names a database after its file's stem, and a catalog name shadows table aliases of the same name:
 # in a file called `t.duckdb`, the views' `t.message` is ambiguous and their creation fails. Attached under a
 # fixed name, every file name works.
 CATALOG = "otel_rl_store"
+
+
+def default_db() -> Path:
+    """The store file a command opens when it names none: OTEL_RL_DB, else DEFAULT_DB."""
+    return Path(os.environ.get("OTEL_RL_DB") or DEFAULT_DB)
 
 
 def connect(path: str | Path, *, read_only: bool = False) -> duckdb.DuckDBPyConnection:
