@@ -3,13 +3,14 @@
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import Annotated
 
 import anyio
 import polars as pl
 import pyarrow as pa
 from anyio import from_thread, to_thread
 from fastapi import APIRouter, Depends, Header, HTTPException, Request, Response
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, StrictBool, StrictFloat, StrictInt, StrictStr, StringConstraints
 
 from otel_rl.auth import Auth, admin_required
 from otel_rl.query import SEEN_THROUGH_HEADER
@@ -25,6 +26,18 @@ from otel_rl.store.sandbox import (
 
 ARROW_STREAM = "application/vnd.apache.arrow.stream"
 MAX_SQL_BYTES = 1024 * 1024  # the request body, read before anything else
+# A statement's parameters: bounded in number and size before DuckDB sees them, scalars only (a list or an
+# object as a value is refused: nothing nested to allocate).
+MAX_PARAMS = 10_000
+MAX_PARAM_CHARS = 65_536
+ParamValue = (
+    Annotated[StrictStr, StringConstraints(max_length=MAX_PARAM_CHARS)]
+    | StrictInt
+    | StrictFloat
+    | StrictBool
+    | None
+)
+ParamName = Annotated[StrictStr, StringConstraints(pattern=r"^[A-Za-z_][A-Za-z0-9_]{0,63}$")]
 QUEUE_WAIT_S = 2.0  # how long a query waits for a free slot before it is refused
 DISCONNECT_POLL_S = 0.1
 
@@ -33,6 +46,16 @@ class QueryIn(BaseModel):
     """The body of a query request."""
 
     sql: str
+    params: (
+        Annotated[list[ParamValue], Field(max_length=MAX_PARAMS)]
+        | Annotated[dict[ParamName, ParamValue], Field(max_length=MAX_PARAMS)]
+        | None
+    ) = Field(
+        default=None,
+        description="Values DuckDB binds to the statement's parameters: a list for `$1`, `$2` (or `?`),"
+        f" an object for `$name`; at most {MAX_PARAMS:,}, each a string (at most {MAX_PARAM_CHARS:,}"
+        " characters), a number, a boolean or null",
+    )
     after_commit: int | None = Field(
         default=None,
         ge=0,
@@ -145,6 +168,7 @@ def query_router(
                 max_result_bytes=limits.max_result_bytes,
                 timeout_s=limits.timeout_s,
                 after_commit=body.after_commit,
+                params=body.params,
             )
         except ValueError as exc:  # ReadOnlyViolation, or an after_commit the store has not made
             raise HTTPException(400, f"query refused: {exc}") from None

@@ -27,7 +27,7 @@ from otel_rl.store import archive
 from otel_rl.store.connection import CATALOG, connect
 from otel_rl.store.definitions import NORMALIZED, read_definitions
 from otel_rl.store.detections import create_detections
-from otel_rl.store.sandbox import UserQuery, check_read_only, lock_down
+from otel_rl.store.sandbox import Params, UserQuery, check_read_only, lock_down
 from otel_rl.store.schema import default_transforms_dir
 
 log = logging.getLogger(__name__)
@@ -85,14 +85,17 @@ def check_stores(paths: Sequence[Path]) -> None:
             )
 
 
-def query_stores(paths: Sequence[Path], sql: str) -> tuple[pa.Table, list[str]]:
-    """The result of one read-only statement over `paths` as one store, and the rollouts that have records
-    in more than one of them (sandbox errors as from one store; PartitionError)."""
+def query_stores(
+    paths: Sequence[Path], sql: str, params: Params | None = None
+) -> tuple[pa.Table, list[str]]:
+    """The result of one read-only statement over `paths` as one store (its parameters bound by DuckDB), and
+    the rollouts that have records in more than one of them (sandbox errors as from one store;
+    PartitionError)."""
     check_read_only(sql)  # before attaching anything: a write is refused the same way for one store or many
     con = connect_stores(paths)
     try:
         split = split_rollouts(con, len(paths))
-        return UserQuery(con, sql).run(), split
+        return UserQuery(con, sql, params=params).run(), split
     finally:
         con.close()
 

@@ -33,6 +33,9 @@ RAW_TABLE_NAMES = frozenset(
         "view_sources",
     }
 )
+# A statement's parameters ($1, $name or ?), bound by DuckDB: a list for positional ones, a dict for named.
+Scalar = str | int | float | bool | None
+Params = list[Scalar] | dict[str, Scalar]
 BATCH_ROWS = 16_384  # rows per Arrow batch read from DuckDB: the result bound is checked after each
 WATCH_TICK_S = 0.05  # how often a running statement's deadline and stop are checked
 
@@ -85,9 +88,29 @@ def reads_raw_tables_only(con: duckdb.DuckDBPyConnection, sql: str) -> bool:
     """Whether `sql` names raw tables only (or none: table functions), by DuckDB's parser; False when it does
     not parse (the query then fails on its own)."""
     try:
-        return con.get_table_names(sql) <= RAW_TABLE_NAMES
+        return con.get_table_names(_parameters_as_null(sql)) <= RAW_TABLE_NAMES
     except duckdb.Error:
         return False
+
+
+def _parameters_as_null(sql: str) -> str:
+    """`sql` with each parameter ($1, $name, ?) read as NULL, for get_table_names (which refuses parameters):
+    by DuckDB's tokenizer, so that a `?` or `$` inside a string or a quoted name stays as it is."""
+    tokens = duckdb.tokenize(sql)
+    starts = [start for start, _ in tokens] + [len(sql)]
+    pieces, done = [], 0
+    for i, (start, kind) in enumerate(tokens):
+        if kind != duckdb.token_type.operator or start < done:
+            continue
+        if sql[start] == "?":
+            end = start + 1
+        elif sql[start] == "$" and starts[i + 1] == start + 1 and i + 1 < len(tokens):
+            end = starts[i + 2]  # the parameter's number or name, up to the next token
+        else:
+            continue
+        pieces += [sql[done:start], " NULL "]
+        done = end
+    return "".join(pieces) + sql[done:]
 
 
 class UserQuery:
@@ -105,9 +128,11 @@ class UserQuery:
         max_result_bytes: int | None = None,
         timeout_s: float | None = None,
         prepare: Callable[[duckdb.DuckDBPyConnection], None] | None = None,
+        params: Params | None = None,
     ) -> None:
         check_read_only(sql)
         self.sql = sql
+        self.params = params
         self._con = con
         # Called with the statement's cursor inside its transaction, before the statement (the archive's
         # temporary views: archive.shadow_raw_tables).
@@ -145,7 +170,7 @@ class UserQuery:
             watchdog.start()
             if self._prepare is not None:
                 self._prepare(own)
-            reader = own.sql(self.sql).to_arrow_reader(BATCH_ROWS)
+            reader = own.sql(self.sql, params=self.params).to_arrow_reader(BATCH_ROWS)
             return self._read(reader)
         except (duckdb.Error, pa.ArrowException, OSError) as exc:
             # An interrupted read fails with DuckDB's error, or with Arrow's OSError mid-stream.
