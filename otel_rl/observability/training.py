@@ -18,6 +18,7 @@ from otel_rl import attributes as attr
 from otel_rl.store.layout import VOUCHED_SENDERS
 
 STEP_PHASES = ("collect", "transform", "train", "save", "reload")  # a step's wall time, in order
+TRANSFORM_PARTS = ("wait", "read", "build")  # the transform phase's time, in order (StepRecord transform_*_s)
 # Eval names come from the run's config (eval.harnesses): a handful. More would be a mistake, not a need.
 MAX_EVAL_NAMES = 16
 OTHER_EVAL = "other"
@@ -58,6 +59,13 @@ class TrainingMetrics(Collector):
         self.phase_seconds = Gauge(
             "otel_rl_train_step_phase_seconds",
             "Time of each phase of the last step (collect, transform, train, save, reload).",
+            ["phase"],
+            registry=None,
+        )
+        self.transform_seconds = Gauge(
+            "otel_rl_train_step_transform_seconds",
+            "The last step's transform phase in parts: waiting for the normalized tables to include its"
+            " commits (wait), reading its rows (read), building its samples (build).",
             ["phase"],
             registry=None,
         )
@@ -127,6 +135,8 @@ class TrainingMetrics(Collector):
         self._set(self.success.labels("train", ""), number("success_rate"))
         for phase in STEP_PHASES:
             self._set(self.phase_seconds.labels(phase), number(f"{phase}_s"))
+        for part in TRANSFORM_PARTS:
+            self._set(self.transform_seconds.labels(part), number(f"transform_{part}_s"))
         for counter, key in (
             (self.paused_seconds, "paused_s"),
             (self.stale_groups, "stale_groups"),
@@ -169,6 +179,7 @@ class TrainingMetrics(Collector):
             self.reward,  # labelled: only the label values set are exported
             self.success,
             self.phase_seconds,
+            self.transform_seconds,
             self.steps,
             self.paused_seconds,
             self.stale_groups,

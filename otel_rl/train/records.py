@@ -38,6 +38,11 @@ class StepRecord:
     wall_s: float
     trainer: dict[str, float] = field(default_factory=dict)  # the trainer's metrics (loss, mismatch, ...)
     screened: int = 0  # rollouts of the step's groups left out as flagged by a hack detector (hack_flags)
+    # transform_s in parts: waiting for the normalized tables to include the step's commits, reading the
+    # step's rows, building its samples
+    transform_wait_s: float = 0.0
+    transform_read_s: float = 0.0
+    transform_build_s: float = 0.0
 
 
 @dataclass

@@ -64,6 +64,9 @@ STEP_FIGURES = (
     "paused_s",
     "drain_s",
     "wall_s",
+    "transform_wait_s",
+    "transform_read_s",
+    "transform_build_s",
 )
 TRAINER_FIGURES = ("loss", "mismatch", "is_weight_mean", "grad_norm")
 EVAL_FIGURES = ("reward_mean", "success_rate", "rollouts", "wall_s")

@@ -7,6 +7,7 @@ import { downloads, el, section, time } from "./dom.js";
 
 const POLL_MS = 3000;
 const STEP_PARTS = ["collect_s", "transform_s", "train_s", "save_s", "reload_s"];
+const TRANSFORM_PARTS = ["transform_wait_s", "transform_read_s", "transform_build_s"];
 const RELOAD_PARTS = ["drain_ms", "pause_ms", "reload_ms", "verify_ms", "resume_ms"];
 
 function chart(title, path, body) {
@@ -20,10 +21,19 @@ function byEval(evals, column) {
   return names.map((name) => series(evals.filter((e) => e.eval === name), `val (${name})`, column));
 }
 
-async function draw(board, run) {
+// How far the normalized tables (what a step's samples are read from) are behind the raw ones: /healthz.
+function normalizedLag(health) {
+  const n = health.normalized;
+  if (!n) return "";
+  if (n.failure) return `normalized tables: ${n.failure}`;
+  return n.lag ? `normalized tables ${n.lag} commits (${n.lag_seconds.toFixed(1)} s) behind` : "normalized tables caught up";
+}
+
+async function draw(board, run, lag) {
   const query = run ? `?run_id=${encodeURIComponent(run)}` : "";
   const paths = Object.fromEntries(["steps", "evals", "reloads", "staleness"].map((c) => [c, `/ui/api/training/${c}${query}`]));
-  const [steps, evals, reloads, staleness] = await Promise.all(Object.values(paths).map(getJSON));
+  const [steps, evals, reloads, staleness, health] = await Promise.all([...Object.values(paths), "/healthz"].map(getJSON));
+  lag.textContent = normalizedLag(health);
   if (!steps.length && !evals.length) {
     board.replaceChildren(el("p", { class: "muted", id: "no-training" }, "no training step recorded yet (otel-rl train records each step here)"));
     return;
@@ -38,6 +48,8 @@ async function draw(board, run) {
       series(steps, "stale groups dropped", "stale_groups")], { yLabel: "versions / groups" })),
     chart("screened by hack detectors", paths.steps, lineChart([series(steps, "rollouts screened", "screened")], { yLabel: "rollouts" })),
     chart("step time", paths.steps, stackedBars(STEP_PARTS, steps.map((s) => ({ x: s.step, values: s })), { yLabel: "s" })),
+    // the transform's parts: waiting for the normalized tables, reading the step's rows, building samples
+    chart("transform time", paths.steps, stackedBars(TRANSFORM_PARTS, steps.map((s) => ({ x: s.step, values: s })), { yLabel: "s" })),
     chart("reload phases", paths.reloads, reloads.length
       ? stackedBars(RELOAD_PARTS, reloads.map((r, i) => ({ x: r.policy_version ?? i, values: r })), { xLabel: "policy version", yLabel: "ms" })
       : el("p", { class: "muted" }, "no reload recorded")),
@@ -50,13 +62,14 @@ export async function trainingPage(main, _id, params) {
   const picker = el("select", { name: "run", onchange: (event) => { location.hash = `#/training?run=${encodeURIComponent(event.target.value)}`; } },
     runs.map((r) => el("option", { value: r.run_id, selected: r.run_id === run }, `${r.run_id} · ${r.steps} steps · ${time(r.last_ms)}`)));
   const status = el("span", { class: "muted" });
+  const lag = el("span", { class: "muted", id: "normalized-lag" });
   const board = el("div", { class: "charts", id: "charts" });
-  main.replaceChildren(section("training", el("p", {}, runs.length ? picker : null, " ", status), board));
-  await draw(board, run);
+  main.replaceChildren(section("training", el("p", {}, runs.length ? picker : null, " ", status, " · ", lag), board));
+  await draw(board, run, lag);
   status.textContent = `updated ${new Date().toLocaleTimeString()} · live (every ${POLL_MS / 1000} s)`;
   const timer = setInterval(async () => {
     try {
-      await draw(board, run);
+      await draw(board, run, lag);
       status.textContent = `updated ${new Date().toLocaleTimeString()} · live (every ${POLL_MS / 1000} s)`;
     } catch (error) {
       status.textContent = `update failed: ${error.message}`;
