@@ -12,8 +12,8 @@ from google.rpc.error_details_pb2 import RetryInfo
 from otel_rl.auth import Auth, Unauthorized
 from otel_rl.collector.decode import REQUEST_TYPES, DecodeError, Signal, parse_protobuf
 from otel_rl.collector.export import prepare_export
+from otel_rl.collector.ingest_metrics import IngestMetrics
 from otel_rl.connections import ConnectionLimits, descriptor_budget
-from otel_rl.observability.ingest import IngestMetrics
 from otel_rl.store import Saturated, Store
 from otel_rl.store.writer import StoreUnavailable
 

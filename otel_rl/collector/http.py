@@ -23,8 +23,8 @@ from otel_rl.collector.decode import (
     parse_request,
 )
 from otel_rl.collector.export import PreparedExport, prepare_export
+from otel_rl.collector.ingest_metrics import IngestMetrics
 from otel_rl.http_body import BodyTooLarge, ClientGone, read_body
-from otel_rl.observability.ingest import IngestMetrics
 from otel_rl.store import Saturated, Store
 from otel_rl.store.writer import StoreUnavailable
 

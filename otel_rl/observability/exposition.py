@@ -9,8 +9,8 @@ from prometheus_client import CollectorRegistry, disable_created_metrics
 from prometheus_client.exposition import choose_encoder
 from prometheus_client.registry import Collector
 
+from otel_rl.collector.ingest_metrics import IngestMetrics
 from otel_rl.observability.http import HTTPMetrics
-from otel_rl.observability.ingest import IngestMetrics
 from otel_rl.observability.store import StoreMetrics
 from otel_rl.observability.training import TrainingMetrics
 from otel_rl.store import Store
@@ -35,7 +35,9 @@ def server_metrics(store: Store, *, fixed_paths: Iterable[str], others: Sequence
     # time, doubling the series Prometheus stores for nothing the dashboards read (process-wide setting).
     disable_created_metrics()
     training = TrainingMetrics()
-    metrics = ServerMetrics(registry, HTTPMetrics(fixed_paths), IngestMetrics(training), training)
+    metrics = ServerMetrics(
+        registry, HTTPMetrics(fixed_paths), IngestMetrics(training.observe_spans), training
+    )
     for collector in (metrics.http, metrics.ingest, training, StoreMetrics(store), *others):
         registry.register(collector)
     return metrics

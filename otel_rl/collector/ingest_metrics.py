@@ -1,9 +1,10 @@
 """The collector's Prometheus metrics: exports by outcome, records stored or refused, bytes, batch sizes."""
 
 from collections import Counter as Tally
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Literal
 
+import pyarrow as pa
 from prometheus_client import Counter, Histogram
 from prometheus_client.core import Metric
 from prometheus_client.registry import Collector
@@ -13,7 +14,6 @@ from otel_rl.auth import Unauthorized
 from otel_rl.collector.decode import DecodeError, Signal, UnsupportedContentType
 from otel_rl.collector.export import PreparedExport
 from otel_rl.http_body import BodyTooLarge
-from otel_rl.observability.training import TrainingMetrics
 from otel_rl.store import Saturated
 from otel_rl.store.writer import StoreUnavailable
 
@@ -46,10 +46,11 @@ def rejection_reason(reason: str) -> str:
 
 
 class IngestMetrics(Collector):
-    """Counts what the OTLP receivers (HTTP and gRPC) stored and refused; hands stored spans to training."""
+    """Counts what the OTLP receivers (HTTP and gRPC) stored and refused; hands each export's stored spans to
+    `on_spans` (the server's training metrics read the trainer's step records from them)."""
 
-    def __init__(self, training: TrainingMetrics) -> None:
-        self.training = training
+    def __init__(self, on_spans: Callable[[pa.Table], None]) -> None:
+        self.on_spans = on_spans
         self.exports = Counter(
             "otel_rl_collector_exports",
             "OTLP exports by signal, transport and outcome (ok, or why the whole export was refused).",
@@ -106,7 +107,7 @@ class IngestMetrics(Collector):
         for kind, count in kinds.items():
             self.records.labels(signal, "rejected", kind).inc(count)
         if main is not None and signal == "traces":
-            self.training.observe_spans(main)
+            self.on_spans(main)
 
     def refused(self, signal: Signal, transport: Transport, error: Exception, *, body_bytes: int) -> None:
         """An export refused as a whole (nothing of it stored)."""
