@@ -350,6 +350,6 @@ def demo_command(
     for title, sql in SQL_TO_TRY:
         console.print(f'  [dim]# {title}[/]\n  otel-rl sql --db {report["store"]} "{sql}"', soft_wrap=True)
     if serve:
-        from otel_rl.ui.serve import serve_until_interrupted
+        from otel_rl.server import serve_until_interrupted
 
         serve_until_interrupted(Path(report["store"]), tokenizer=workdir / "model-init", console=console)

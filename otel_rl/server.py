@@ -11,6 +11,8 @@ from otel_rl.connections import ConnectionLimits
 from otel_rl.store.connection import default_db
 
 if TYPE_CHECKING:
+    from rich.console import Console
+
     from otel_rl.archive_api import ScheduleSettings
     from otel_rl.gateway.limits import RequestLimits
 
@@ -277,3 +279,28 @@ def uvicorn_server(config, *, on_exit):  # noqa: ANN001, ANN202 - uvicorn is imp
             super().handle_exit(sig, frame)
 
     return Server(config)
+
+def serve_until_interrupted(db: Path, *, tokenizer: Path | None, console: "Console") -> None:
+    """An app over a finished run's store `db` (the end of `otel-rl demo`) on a free loopback port (no gRPC,
+    no vLLM behind the gateway), with a new admin token; prints the web view's link (also written beside the
+    store, ui/link.py) and returns once Ctrl-C (or SIGTERM) stops it."""
+    import contextlib
+    import secrets
+
+    import uvicorn
+
+    from otel_rl.gateway.vllm import free_ports
+    from otel_rl.ui.link import web_view_line
+
+    (port,) = free_ports(1)
+    settings = ServeSettings(
+        db=db, http_port=port, grpc_port=None, token=secrets.token_urlsafe(24), tokenizer=tokenizer
+    )
+    app = create_app(settings)
+    console.print(
+        web_view_line(app.state.ui_address, app.state.ui_url, db) + "; Ctrl-C stops it", soft_wrap=True
+    )
+    config = uvicorn.Config(app, host=settings.host, port=port, log_level="warning", access_log=False)
+    with contextlib.suppress(KeyboardInterrupt):  # uvicorn stops cleanly, then raises the Ctrl-C it caught
+        uvicorn_server(config, on_exit=app.state.queries.stop_all).run()
+    console.print("web view stopped")
