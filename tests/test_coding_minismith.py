@@ -9,7 +9,7 @@ import pytest
 
 from otel_rl.coding import sandbox
 from otel_rl.coding.grader import grade
-from otel_rl.coding.minismith import build
+from otel_rl.coding.minismith import BuildError, build
 from otel_rl.coding.mutate import apply, mutant, mutations
 from otel_rl.coding.tasks import load_tasks
 from otel_rl.query import query
@@ -17,6 +17,8 @@ from otel_rl.query import query
 # This seed's first draws are in recipes.py, whose tests run in about 3 s (more.py's take 10-20 s): the
 # build test stays within a minute on a loaded machine.
 SEED = 275
+# The pinned sdist itself, in the repository (tests/data/README.md): the tests fetch nothing.
+SDIST = Path(__file__).parent / "data" / "more_itertools-10.8.0.tar.gz"
 LIMITS = sandbox.Limits(cpu_seconds=120, wall_seconds=180.0)
 
 
@@ -37,16 +39,25 @@ def test_each_mutator_edits_only_its_text() -> None:
     }
 
 
+def test_an_sdist_other_than_the_pinned_one_is_refused(tmp_path) -> None:
+    other = tmp_path / SDIST.name
+    data = SDIST.read_bytes()
+    other.write_bytes(data[:-1] + bytes([data[-1] ^ 1]))  # one bit off
+    with pytest.raises(BuildError, match="not the pinned"):
+        build(tmp_path / "ms.jsonl", seed=SEED, count=1, sdist=other)
+    assert not (tmp_path / "ms.jsonl").exists()
+
+
 @pytest.fixture(scope="module")
 def built(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("ms") / "ms.jsonl"
-    build(out, seed=SEED, count=2)
+    build(out, seed=SEED, count=2, sdist=SDIST)
     return out
 
 
 def test_build_is_reproducible_and_records_a_card(built, tmp_path) -> None:
     again = tmp_path / "ms.jsonl"
-    build(again, seed=SEED, count=2)
+    build(again, seed=SEED, count=2, sdist=SDIST)
     assert again.read_bytes() == built.read_bytes()
     tasks = load_tasks(built).tasks
     assert len(tasks) == 2

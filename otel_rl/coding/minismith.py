@@ -60,6 +60,16 @@ class Mutant:
         return f"{PACKAGE}__{self.mutation.function}__{self.mutation.mutator}__L{self.mutation.line}"
 
 
+def check_sdist(sdist: Path) -> Path:
+    """`sdist` when it is the pinned file (its sha256), else BuildError."""
+    if not sdist.is_file():
+        raise BuildError(f"no such sdist: {sdist}")
+    digest = hashlib.sha256(sdist.read_bytes()).hexdigest()
+    if digest != SDIST_SHA256:
+        raise BuildError(f"{sdist.name} has sha256 {digest}, not the pinned {SDIST_SHA256}")
+    return sdist
+
+
 def fetch_sdist(dest: Path) -> Path:
     """more-itertools' pinned sdist from the package index (pip, as configured here), its hash checked."""
     done = subprocess.run(
@@ -70,10 +80,7 @@ def fetch_sdist(dest: Path) -> Path:
     sdist = dest / f"{ROOT}.tar.gz"
     if done.returncode != 0 or not sdist.is_file():
         raise BuildError(f"pip download {PACKAGE}=={VERSION} failed: {done.stderr.strip()[-500:]}")
-    digest = hashlib.sha256(sdist.read_bytes()).hexdigest()
-    if digest != SDIST_SHA256:
-        raise BuildError(f"{sdist.name} has sha256 {digest}, not the pinned {SDIST_SHA256}")
-    return sdist
+    return check_sdist(sdist)
 
 
 def _drop_methods(source: str, methods: list[tuple[str, str]]) -> str:
@@ -224,9 +231,10 @@ def problem_statement(mutant: Mutant) -> str:
     )
 
 
-def build(out: Path, *, seed: int = 0, count: int = DEFAULT_COUNT) -> Path:
+def build(out: Path, *, seed: int = 0, count: int = DEFAULT_COUNT, sdist: Path | None = None) -> Path:
     """Write the task file `out`, its repositories beside it (`<out stem>/`), and a dataset card
-    (`<out stem>.card.md`). The same seed and count give the same bytes."""
+    (`<out stem>.card.md`). The same seed and count give the same bytes. `sdist`: the pinned sdist already
+    on disk (offline); None fetches it from the package index."""
     if not 1 <= count <= MAX_COUNT:
         raise BuildError(f"--count {count}: between 1 and {MAX_COUNT}")
     repos = out.parent / out.stem
@@ -237,8 +245,7 @@ def build(out: Path, *, seed: int = 0, count: int = DEFAULT_COUNT) -> Path:
         shutil.rmtree(repos)
     with tempfile.TemporaryDirectory(prefix="otel-rl-minismith-") as scratch:
         tree = Path(scratch, "pristine")
-        sdist = fetch_sdist(Path(scratch))
-        pristine_tree(sdist, tree)
+        pristine_tree(check_sdist(sdist) if sdist else fetch_sdist(Path(scratch)), tree)
         mutants = find_mutants(tree, seed=seed, count=count)
         repos.mkdir(parents=True)
         lines = []
