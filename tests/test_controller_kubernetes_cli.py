@@ -11,8 +11,8 @@ from kube_child import TEMPLATE
 from typer.testing import CliRunner
 
 from otel_rl.cli import app
-from otel_rl.controller.cli import rollout_ids
 from otel_rl.train.config import ConfigError, config_from_dict
+from otel_rl.train.rollouts_cli import rollout_ids
 
 
 def write_config(tmp_path: Path, server, controller: dict, harness: list[str]) -> Path:

@@ -1,4 +1,4 @@
-"""`otel-rl rollouts run`: a task file run once through the configured controller (evaluation, data)."""
+"""`otel-rl rollouts`: run a task file once through the configured controller, or revoke a rollout's keys."""
 
 import asyncio
 import hashlib
