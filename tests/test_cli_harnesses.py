@@ -17,15 +17,19 @@ import httpx
 import polars as pl
 import pytest
 from captures.cli_upstreams import CodingScript
+from coding_tasks import calc_task_file
 from fake_vllm import FakeVLLM, render_chat, tokenize
 from otel_rl_server import ServerProcess
 from typer.testing import CliRunner
 
 from otel_rl.cli import app
+from otel_rl.coding import sandbox
+from otel_rl.coding.rollout import CodingLauncher
+from otel_rl.coding.tasks import load_tasks
 from otel_rl.controller import Controller, ControllerSettings, Rollout, RolloutStatus, new_id
-from otel_rl.gateway.vllm import VLLMServer
+from otel_rl.gateway.vllm import VLLMServer, cache_root
 from otel_rl.harnesses import CLIS
-from otel_rl.harnesses.install import install
+from otel_rl.harnesses.install import install, install_dir
 from otel_rl.harnesses.recipe import CodingTask, HarnessError
 from otel_rl.harnesses.run import EXPLANATION_CHARS, run_check, run_cli
 from otel_rl.tinymodel import TinyModelShape, init_model
@@ -250,6 +254,19 @@ def test_a_cli_rollout_on_real_vllm_records_the_ids_vllm_sampled(vllm_gateway, l
     assert (reward["value"], reward["source"]) == (0.0, "harness")  # garbage fixes nothing
 
 
+def test_a_coding_task_runs_in_place_with_its_problem_statement_and_no_check(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # the sandbox's workspace
+    task = CodingTask.from_task(
+        {"instance_id": "calc-1", "repo": "example/calc", "problem_statement": "add() subtracts."}
+    )
+    assert (task.id, task.repo, task.check) == ("calc-1", tmp_path, None)
+    assert "add() subtracts." in task.prompt
+    with pytest.raises(HarnessError, match="task.problem_statement"):
+        CodingTask.from_task({"instance_id": "calc-1", "problem_statement": " "})
+    with pytest.raises(HarnessError, match="graded by the grader"):
+        run_check(task, tmp_path, tmp_path)
+
+
 def test_the_check_reads_the_tasks_own_script_and_keeps_only_the_tail_of_its_output(tmp_path):
     task = CodingTask.from_task(TASK)
     copy = tmp_path / "repo"
@@ -268,3 +285,63 @@ def test_a_cli_past_its_timeout_is_stopped_and_reported_as_timed_out(tmp_path):
     started = time.monotonic()
     exit_code, timed_out = run_cli(["sleep", "60"], {"PATH": "/usr/bin:/bin"}, tmp_path, timeout_s=0.5)
     assert timed_out and exit_code == -signal.SIGTERM and time.monotonic() - started < 10
+
+
+# --- in the coding sandbox, on real vLLM ---------------------------------------------------------------
+
+# The CLI's install and the otel_rl package (an editable install reads it from the checkout) are bound
+# read-only; node (/usr) and the Python environment are visible anyway.
+SANDBOX_LIMITS = sandbox.Limits(cpu_seconds=900, wall_seconds=600)
+
+
+@pytest.mark.parametrize("cli_name", ["codex", "claude-code"])
+def test_a_cli_in_the_coding_sandbox_on_real_vllm_is_graded_and_its_denied_connects_are_flagged(
+    vllm_gateway, cli_name, tmp_path
+):
+    cli = CLIS[cli_name]
+    install(cli)
+    task_set = load_tasks(calc_task_file(tmp_path))
+    client = ServerClient(vllm_gateway.http_url, vllm_gateway.token)
+    launcher = CodingLauncher(
+        task_set, admin_token=vllm_gateway.token, post_reward=client.post_reward, limits=SANDBOX_LIMITS,
+        grader_limits=sandbox.Limits(wall_seconds=120), binds=[install_dir(cli), ROOT / "otel_rl"],
+    )  # fmt: skip
+    settings = ControllerSettings(
+        command=[str(OTEL_RL), "harness", cli_name], timeout_s=600, max_attempts=1, log_dir=tmp_path / "logs",
+        env={"OTEL_RL_CACHE": str(cache_root())},  # where the harness finds the CLI (bound at the same path)
+    )  # fmt: skip
+    controller = Controller(
+        settings, otlp_endpoint=vllm_gateway.http_url, openai_base_url=f"{vllm_gateway.http_url}/v1",
+        token=vllm_gateway.token, issue_key=client.issue_rollout_key, revoke_key=client.revoke_rollout_key,
+        launcher=launcher,
+    )  # fmt: skip
+    rollout = Rollout(new_id(), new_id(), "calc-1", {"instance_id": "calc-1"})
+    try:
+        [result] = controller.run([rollout])
+    finally:
+        controller.close()
+    log = result.attempts[-1].log_path.read_text(errors="replace")
+    # the tiny model writes garbage: the CLI ends its turn (or gives up on an answer cut at the cap)
+    assert result.status in {RolloutStatus.OK, RolloutStatus.ERROR}, log[-5000:]
+    assert "graded outside the sandbox" in log, log[-5000:]
+    rid = rollout.rollout_id
+
+    # The CLI's calls went through the forwarded gateway port, with the ids vLLM sampled.
+    calls = wait_for(
+        vllm_gateway,
+        f"SELECT prompt_token_ids FROM llm_calls WHERE rollout_id = '{rid}' AND prompt_token_ids IS NOT NULL",
+        1,
+    )
+    assert all(len(call["prompt_token_ids"]) > 5000 for call in calls)
+    # The grader, outside the sandbox, graded the workspace: garbage fixes nothing.
+    rewards = wait_for(vllm_gateway, f"SELECT value, source FROM rewards WHERE rollout_id = '{rid}'", 1)
+    assert [(r["value"], r["source"]) for r in rewards] == [(0.0, "grader")]
+    # What the CLI tried to reach besides the gateway and the collector was denied, recorded by the
+    # sandbox's network on the controller's span, and flags the rollout.
+    denied = wait_for(
+        vllm_gateway,
+        f"SELECT evidence FROM detections WHERE detector = 'network_denied' AND rollout_id = '{rid}'",
+        1,
+    )
+    flags = rows(vllm_gateway, f"SELECT detectors FROM hack_flags WHERE rollout_id = '{rid}'")
+    assert flags and "network_denied" in flags[0]["detectors"], (denied, flags)

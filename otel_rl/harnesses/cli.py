@@ -48,10 +48,10 @@ def _rollout_command(cli: HarnessCLI) -> None:
         except HarnessError as error:
             typer.echo(f"otel-rl harness {cli.name}: {error}", err=True)
             raise typer.Exit(2) from None
+        verdict = {True: "check passed", False: "check failed", None: "graded outside the sandbox"}
         typer.echo(
             f"otel-rl harness {cli.name}: exit {outcome.exit_code}"
-            f"{' (timed out)' if outcome.timed_out else ''}, "
-            f"check {'passed' if outcome.passed else 'failed'}",
+            f"{' (timed out)' if outcome.timed_out else ''}, {verdict[outcome.passed]}",
             err=True,
         )
         # A timeout is the agent's failure to finish (a bad answer, reward from the check); any other
@@ -62,7 +62,7 @@ def _rollout_command(cli: HarnessCLI) -> None:
     command.__doc__ = (
         f"Run one rollout of {cli.name} {cli.version} on the task in OTEL_RL_TASK: a fresh copy of the "
         "task's repository, the CLI pointed at the gateway and the collector, then the task's check as the "
-        "reward."
+        "reward; a coding task (docs/coding.md) is worked on in place, its reward left to the grader."
     )
     harness_app.command(cli.name)(command)
 

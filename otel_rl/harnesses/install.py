@@ -32,6 +32,7 @@ def install(cli: HarnessCLI) -> Path:
     interrupted install never leaves a half-installed CLI where the next run would use it."""
     target = install_dir(cli)
     if executable(cli).exists():
+        os.chmod(target, 0o755)  # installs before this one kept mkdtemp's 0700
         return executable(cli)
     npm = shutil.which("npm")
     if npm is None:
@@ -48,6 +49,8 @@ def install(cli: HarnessCLI) -> Path:
             raise InstallError(f"npm install {cli.package}@{cli.version} failed:\n{result.stderr[-4000:]}")
         if not (staging / "node_modules" / ".bin" / cli.binary).exists():
             raise InstallError(f"npm installed {cli.package}@{cli.version} but it has no `{cli.binary}`")
+        # readable by whoever the coding sandbox runs the CLI as (nobody, when the caller is root)
+        os.chmod(staging, 0o755)
         try:
             os.rename(staging, target)
         except OSError:

@@ -10,6 +10,11 @@ from urllib.parse import unquote
 
 MAX_PROMPT_CHARS = 100_000
 DEFAULT_TIMEOUT_S = 300.0
+# A coding task's prompt: its problem statement, about the repository the CLI starts in.
+CODING_PROMPT = (
+    "The repository in the current folder has this issue:\n\n{statement}\n\n"
+    "Change its source so that the issue is resolved."
+)
 
 
 class HarnessError(RuntimeError):
@@ -69,34 +74,58 @@ class Contract:
 
 @dataclass(frozen=True)
 class CodingTask:
-    """A coding task: a small repository, what to ask the agent, and the check whose result is the reward.
+    """What the CLI is asked to do, and where. Two shapes:
 
-    Paths are relative to the harness's working directory (the controller's), as in the controller's command.
+    - a coding task (docs/coding.md: `instance_id`, `problem_statement`), run by the coding launcher in its
+      sandbox: the agent works in place in its workspace (the working directory), and the grader outside
+      the sandbox posts the reward (`check` is None);
+    - a folder task (`prompt`, `repo`, `check`): the repository is copied into the rollout's folder, and the
+      check's result, run beside the agent, is the reward (source `harness`). Paths are relative to the
+      harness's working directory (the controller's), as in the controller's command.
     """
 
     id: str
     prompt: str
-    repo: Path  # copied into the rollout's folder; the agent works in the copy
-    check: Path  # a Python script run as `python check.py REPO`: exit status 0 = solved (reward 1)
+    repo: Path  # the agent's working copy: the workspace itself, or copied from here
+    check: Path | None  # a Python script run as `python check.py REPO`: exit status 0 = solved (reward 1)
     timeout_s: float  # for the CLI; the check has its own bound
 
     @classmethod
     def from_task(cls, task: Mapping[str, Any]) -> "CodingTask":
+        if "problem_statement" in task and "check" not in task:
+            return cls.from_coding_task(task)
         prompt, repo, check = task.get("prompt"), task.get("repo"), task.get("check")
         if not isinstance(prompt, str) or not prompt or len(prompt) > MAX_PROMPT_CHARS:
             raise HarnessError(f"task.prompt must be a non-empty string of at most {MAX_PROMPT_CHARS} chars")
         for field, value in (("repo", repo), ("check", check)):
             if not isinstance(value, str) or not value:
                 raise HarnessError(f"task.{field} must be a path (relative to the working directory)")
-        timeout_s = task.get("timeout_s", DEFAULT_TIMEOUT_S)
-        if isinstance(timeout_s, bool) or not isinstance(timeout_s, int | float) or not 0 < timeout_s <= 3600:
-            raise HarnessError(f"task.timeout_s must be a number of seconds in (0, 3600], not {timeout_s!r}")
         repo_path, check_path = Path(repo).resolve(), Path(check).resolve()
         if not repo_path.is_dir():
             raise HarnessError(f"task.repo {repo!r} is not a folder")
         if not check_path.is_file():
             raise HarnessError(f"task.check {check!r} is not a file")
-        return cls(str(task.get("id", repo_path.name)), prompt, repo_path, check_path, float(timeout_s))
+        return cls(str(task.get("id", repo_path.name)), prompt, repo_path, check_path, _timeout(task))
+
+    @classmethod
+    def from_coding_task(cls, task: Mapping[str, Any]) -> "CodingTask":
+        """A coding task's agent-side fields (otel_rl/coding/rollout.py `agent_task`); the workspace is the
+        working directory."""
+        instance, statement = task.get("instance_id"), task.get("problem_statement")
+        if not isinstance(instance, str) or not instance:
+            raise HarnessError("task.instance_id must be a non-empty string")
+        if not isinstance(statement, str) or not statement.strip() or len(statement) > MAX_PROMPT_CHARS:
+            raise HarnessError(
+                f"task.problem_statement must be a non-empty string of at most {MAX_PROMPT_CHARS} chars"
+            )
+        return cls(instance, CODING_PROMPT.format(statement=statement), Path.cwd(), None, _timeout(task))
+
+
+def _timeout(task: Mapping[str, Any]) -> float:
+    timeout_s = task.get("timeout_s", DEFAULT_TIMEOUT_S)
+    if isinstance(timeout_s, bool) or not isinstance(timeout_s, int | float) or not 0 < timeout_s <= 3600:
+        raise HarnessError(f"task.timeout_s must be a number of seconds in (0, 3600], not {timeout_s!r}")
+    return float(timeout_s)
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,5 @@
-"""One rollout of a coding-agent CLI: its folder and config, the CLI under a timeout, the check → reward."""
+"""One rollout of a coding-agent CLI: its folder and config, the CLI under a timeout, then the check → reward
+(a folder task), or nothing more (a coding task: the grader, outside the sandbox, posts the reward)."""
 
 import json
 import os
@@ -31,7 +32,7 @@ class Outcome:
 
     exit_code: int  # the CLI's; negative: killed by that signal
     timed_out: bool
-    passed: bool
+    passed: bool | None  # None: a coding task, graded outside the sandbox
     check_output: str
 
 
@@ -76,6 +77,8 @@ def run_check(task: CodingTask, repo: Path, home: Path) -> tuple[bool, str]:
     """The task's check on the agent's copy: (passed, the tail of its output). The check script is read from
     the task's own folder, never from the copy the agent could edit, and runs in isolated mode (-I: no
     PYTHONPATH, no user site, not the agent's folder on sys.path)."""
+    if task.check is None:
+        raise HarnessError(f"task {task.id} is graded by the grader, not by a check")
     env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(home)}
     with tempfile.TemporaryFile() as output:
         try:
@@ -94,7 +97,7 @@ def run_check(task: CodingTask, repo: Path, home: Path) -> tuple[bool, str]:
 
 
 def run_rollout(cli: HarnessCLI, environ: Mapping[str, str], *, model: str | None = None) -> Outcome:
-    """Run one rollout of `cli` on the task in OTEL_RL_TASK and report the check's result as its reward."""
+    """Run one rollout of `cli` on the task in OTEL_RL_TASK; a folder task's check result is its reward."""
     contract = Contract.from_environ(environ)
     task = CodingTask.from_task(contract.task)
     program = executable(cli)
@@ -106,7 +109,10 @@ def run_rollout(cli: HarnessCLI, environ: Mapping[str, str], *, model: str | Non
     telemetry = otel_rl.instrument(service_name=f"otel-rl-harness-{cli.name}")
     with tempfile.TemporaryDirectory(prefix=f"otel-rl-{cli.name}-") as folder:
         repo, home = Path(folder) / "repo", Path(folder) / "home"
-        shutil.copytree(task.repo, repo, symlinks=True)
+        if task.check is None:  # a coding task: the agent works in its sandbox's workspace, in place
+            repo = task.repo
+        else:
+            shutil.copytree(task.repo, repo, symlinks=True)
         home.mkdir()
         with otel_rl.rollout() as rollout:
             trace_env = rollout.env()  # TRACEPARENT (and BAGGAGE) of this rollout span
@@ -119,6 +125,9 @@ def run_rollout(cli: HarnessCLI, environ: Mapping[str, str], *, model: str | Non
             headers = {"OTEL_EXPORTER_OTLP_HEADERS": f"authorization={contract.authorization}"}
             env = dict(environ) | headers | NO_VENDOR_TRAFFIC | trace_env | invocation.env
             exit_code, timed_out = run_cli(invocation.argv, env, repo, task.timeout_s)
+            if task.check is None:
+                telemetry.force_flush()
+                return Outcome(exit_code, timed_out, None, "")
             passed, output = run_check(task, repo, home)
             # Sent with the rollout key, a reward's source is "harness" whatever it says (the collector
             # rewrites it), and that is what it is: computed beside the agent, on its machine.
