@@ -27,6 +27,7 @@ class CodingSection(BaseModel):
     wall_seconds: float = Field(default=1800.0, gt=0)
     grader_cpu_seconds: int = Field(default=600, gt=0)
     grader_wall_seconds: float = Field(default=900.0, gt=0)
+    grader_test_timeout_seconds: float = Field(default=60.0, gt=0)  # one hidden test; past it: failed
     # the harness's exit statuses that say its CLI stopped at its own turn or context limit
     truncated_exit_codes: list[int] = Field(default_factory=list, max_length=64)
 
@@ -44,5 +45,5 @@ class CodingSection(BaseModel):
         return CodingLauncher(
             load_tasks(self.tasks), admin_token=admin_token, post_reward=post_reward, limits=limits,
             grader_limits=grader, binds=self.binds, truncated_exit_codes=self.truncated_exit_codes,
-            mode=self.mode,
+            mode=self.mode, test_timeout_s=self.grader_test_timeout_seconds,
         )  # fmt: skip
