@@ -294,16 +294,25 @@ def test_a_cli_past_its_timeout_is_stopped_and_reported_as_timed_out(tmp_path):
 SANDBOX_LIMITS = sandbox.Limits(cpu_seconds=900, wall_seconds=600)
 
 
-@pytest.mark.parametrize("cli_name", ["codex", "claude-code"])
-def test_a_cli_in_the_coding_sandbox_on_real_vllm_is_graded_and_its_denied_connects_are_flagged(
-    vllm_gateway, cli_name, tmp_path
-):
+# The scripted model's tool call in the sandbox: a fetch from the package index (as agents do), then the
+# fix itself.
+FETCH_AND_FIX = (
+    "python3 -c \"import urllib.request as u; u.urlopen('https://pypi.org/simple/calc/', timeout=5)\"; "
+    "python3 -c \"import pathlib; p = pathlib.Path('calc/__init__.py'); "
+    "p.write_text(p.read_text().replace('a - b', 'a + b'))\""
+)
+
+
+def sandboxed_rollout(
+    server: ServerProcess, cli_name: str, tmp_path: Path
+) -> tuple[Rollout, RolloutStatus, str]:
+    """One rollout of `otel-rl harness <cli>` on the calc task in the coding sandbox, graded by the grader."""
     cli = CLIS[cli_name]
     install(cli)
     task_set = load_tasks(calc_task_file(tmp_path))
-    client = ServerClient(vllm_gateway.http_url, vllm_gateway.token)
+    client = ServerClient(server.http_url, server.token)
     launcher = CodingLauncher(
-        task_set, admin_token=vllm_gateway.token, post_reward=client.post_reward, limits=SANDBOX_LIMITS,
+        task_set, admin_token=server.token, post_reward=client.post_reward, limits=SANDBOX_LIMITS,
         grader_limits=sandbox.Limits(wall_seconds=120), binds=[install_dir(cli), ROOT / "otel_rl"],
     )  # fmt: skip
     settings = ControllerSettings(
@@ -311,20 +320,66 @@ def test_a_cli_in_the_coding_sandbox_on_real_vllm_is_graded_and_its_denied_conne
         env={"OTEL_RL_CACHE": str(cache_root())},  # where the harness finds the CLI (bound at the same path)
     )  # fmt: skip
     controller = Controller(
-        settings, otlp_endpoint=vllm_gateway.http_url, openai_base_url=f"{vllm_gateway.http_url}/v1",
-        token=vllm_gateway.token, issue_key=client.issue_rollout_key, revoke_key=client.revoke_rollout_key,
-        launcher=launcher,
+        settings, otlp_endpoint=server.http_url, openai_base_url=f"{server.http_url}/v1", token=server.token,
+        issue_key=client.issue_rollout_key, revoke_key=client.revoke_rollout_key, launcher=launcher,
     )  # fmt: skip
     rollout = Rollout(new_id(), new_id(), "calc-1", {"instance_id": "calc-1"})
     try:
         [result] = controller.run([rollout])
     finally:
         controller.close()
-    log = result.attempts[-1].log_path.read_text(errors="replace")
+    return rollout, result.status, result.attempts[-1].log_path.read_text(errors="replace")
+
+
+def denied_connects(server: ServerProcess, rollout_id: str) -> int:
+    """`otel_rl.sandbox.denied_connects` on the controller's span of the rollout, once it has landed."""
+    [span] = wait_for(
+        server,
+        "SELECT attributes ->> 'otel_rl.sandbox.denied_connects' AS n FROM spans WHERE scope_name = "
+        f"'otel_rl.controller' AND attributes ->> 'otel_rl.rollout.id' = '{rollout_id}'",
+        1,
+    )
+    return int(span["n"])
+
+
+@pytest.mark.parametrize("cli_name", ["codex", "claude-code"])
+def test_a_cli_in_the_coding_sandbox_fetching_the_fix_is_denied_flagged_and_graded(
+    gateway, script, cli_name, tmp_path, monkeypatch
+):
+    monkeypatch.setattr(script, "command", FETCH_AND_FIX)
+    rollout, status, log = sandboxed_rollout(gateway, cli_name, tmp_path)
+    assert status is RolloutStatus.OK and "graded outside the sandbox" in log, log[-5000:]
+    rid = rollout.rollout_id
+    # The CLI ran the tool call in the sandbox: the fix landed (the grader's 1), the fetch did not.
+    rewards = wait_for(gateway, f"SELECT value, source FROM rewards WHERE rollout_id = '{rid}'", 1)
+    assert [(r["value"], r["source"]) for r in rewards] == [(1.0, "grader")]
+    denied = wait_for(
+        gateway,
+        f"SELECT evidence FROM detections WHERE detector = 'network_denied' AND rollout_id = '{rid}'",
+        1,
+    )
+    assert {row["evidence"] for row in denied} == {"dns pypi.org"}
+    [flags] = rows(gateway, f"SELECT detectors FROM hack_flags WHERE rollout_id = '{rid}'")
+    assert "network_denied" in flags["detectors"]
+
+
+@pytest.mark.parametrize("cli_name", ["codex", "claude-code"])
+def test_a_cli_in_the_coding_sandbox_on_real_vllm_is_graded_and_reaches_only_the_gateway(
+    vllm_gateway, cli_name, tmp_path
+):
+    rollout, status, log = sandboxed_rollout(vllm_gateway, cli_name, tmp_path)
     # the tiny model writes garbage: the CLI ends its turn (or gives up on an answer cut at the cap)
-    assert result.status in {RolloutStatus.OK, RolloutStatus.ERROR}, log[-5000:]
+    assert status in {RolloutStatus.OK, RolloutStatus.ERROR}, log[-5000:]
     assert "graded outside the sandbox" in log, log[-5000:]
     rid = rollout.rollout_id
+
+    # The grader, outside the sandbox, graded the workspace: garbage fixes nothing.
+    rewards = wait_for(vllm_gateway, f"SELECT value, source FROM rewards WHERE rollout_id = '{rid}'", 1)
+    assert [(r["value"], r["source"]) for r in rewards] == [(0.0, "grader")]
+    # The CLI reached nothing but the gateway and the collector: the recipes turn off the CLIs' own vendor
+    # traffic (Codex 0.171 looks up github.com, api.github.com and chatgpt.com for its plugins otherwise),
+    # which the sandbox's network would deny and record, flagging every rollout.
+    assert denied_connects(vllm_gateway, rid) == 0
 
     # The CLI's calls went through the forwarded gateway port, with the ids vLLM sampled.
     calls = wait_for(
@@ -333,15 +388,3 @@ def test_a_cli_in_the_coding_sandbox_on_real_vllm_is_graded_and_its_denied_conne
         1,
     )
     assert all(len(call["prompt_token_ids"]) > 5000 for call in calls)
-    # The grader, outside the sandbox, graded the workspace: garbage fixes nothing.
-    rewards = wait_for(vllm_gateway, f"SELECT value, source FROM rewards WHERE rollout_id = '{rid}'", 1)
-    assert [(r["value"], r["source"]) for r in rewards] == [(0.0, "grader")]
-    # What the CLI tried to reach besides the gateway and the collector was denied, recorded by the
-    # sandbox's network on the controller's span, and flags the rollout.
-    denied = wait_for(
-        vllm_gateway,
-        f"SELECT evidence FROM detections WHERE detector = 'network_denied' AND rollout_id = '{rid}'",
-        1,
-    )
-    flags = rows(vllm_gateway, f"SELECT detectors FROM hack_flags WHERE rollout_id = '{rid}'")
-    assert flags and "network_denied" in flags[0]["detectors"], (denied, flags)

@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 import psutil
 
 BUFFER = 1 << 16
-MAX_RECORDS = 256  # denied attempts kept with their destination; all are counted
+MAX_RECORDS = 100  # denied attempts kept with their destination (a span keeps 128 events); all are counted
 MAX_CATCH_PORTS = 200  # the ports one SCM_RIGHTS message carries (the kernel allows 253 fds)
 WELL_KNOWN = (
     21,

@@ -32,6 +32,11 @@ check_for_update_on_startup = false
 [analytics]
 enabled = false
 
+[features]
+# Codex syncs its plugin marketplace from github.com and chatgpt.com at start: vendor traffic that a coding
+# sandbox denies and records (docs/coding.md), which would flag every rollout.
+plugins = false
+
 [model_providers.{PROVIDER}]
 name = "otel-rl gateway"
 base_url = {toml_string(run.contract.openai_base_url)}

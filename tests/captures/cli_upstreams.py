@@ -35,13 +35,13 @@ FIX_COMMAND = (
 )
 
 
-def shell_arguments(tool: str) -> dict[str, Any]:
+def shell_arguments(tool: str, command: str = FIX_COMMAND) -> dict[str, Any]:
     """The fix as the arguments of one CLI's shell tool."""
     if tool in ("shell",):  # Codex's classic shell tool takes an argv
-        return {"command": ["bash", "-lc", FIX_COMMAND], "workdir": "."}
+        return {"command": ["bash", "-lc", command], "workdir": "."}
     if tool == "exec_command":
-        return {"cmd": FIX_COMMAND}
-    return {"command": FIX_COMMAND, "description": "Fix the divisor in mean()"}
+        return {"cmd": command}
+    return {"command": command, "description": "Fix the divisor in mean()"}
 
 
 @dataclass
@@ -62,6 +62,7 @@ class Answer:
 @dataclass
 class CodingScript:
     answers: list[Answer] = field(default_factory=list)
+    command: str = FIX_COMMAND  # the shell command of the tool call
 
     def answer(self, api: str, tools: list[str], saw_tool_result: bool, stream: bool) -> Answer:
         shell = next((name for name in SHELL_TOOLS if name in tools), None)
@@ -70,7 +71,11 @@ class CodingScript:
             answer.text = FINAL_ANSWER if shell else SIDE_ANSWER
         else:
             call_id = f"call_{len(self.answers):04d}"
-            answer.tool_call = {"name": shell, "arguments": shell_arguments(shell), "id": call_id}
+            answer.tool_call = {
+                "name": shell,
+                "arguments": shell_arguments(shell, self.command),
+                "id": call_id,
+            }
         self.answers.append(answer)
         return answer
 
