@@ -16,7 +16,7 @@ from otel_rl import attributes as attr
 from otel_rl.collector.ingest import traces_batch
 from otel_rl.gateway.outputs import CallOutput
 from otel_rl.gateway.recording import CallRecord
-from otel_rl.gateway.reload import ReloadResult, ServerReload
+from otel_rl.gateway.reload_result import ReloadResult, ServerReload
 from otel_rl.server import ServeSettings, create_app
 from otel_rl.train.records import EvalRecord, StepRecord
 

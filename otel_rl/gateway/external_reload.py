@@ -17,13 +17,8 @@ from typing import Literal
 
 from otel_rl.gateway.client import UpstreamClient, UpstreamError
 from otel_rl.gateway.metrics import GatewayMetrics
-from otel_rl.gateway.reload import (
-    ReloadCoordinator,
-    ReloadRejected,
-    ReloadResult,
-    ServerReload,
-    check_same_weights,
-)
+from otel_rl.gateway.reload import ReloadCoordinator, ReloadRejected
+from otel_rl.gateway.reload_result import ReloadResult, ServerReload, check_same_weights, ms_since
 from otel_rl.gateway.servers import InferenceServer, weight_checksums
 
 log = logging.getLogger(__name__)
@@ -105,7 +100,7 @@ class ExternalReloads:
             result.servers = [ServerReload(server.url) for server in servers]
             t = time.perf_counter()
             old = pool.reference_checksums or await self._first_weights(servers)
-            result.pause_ms = _ms_since(t)
+            result.pause_ms = ms_since(t)
         except BaseException:
             self.coordinator.release_hold()
             raise
@@ -121,7 +116,7 @@ class ExternalReloads:
         async with self._ending:
             lease = self._open_lease(lease_id)
             result = lease.result
-            result.reload_ms = _ms_since(lease.paused)
+            result.reload_ms = ms_since(lease.paused)
             await self._verify(lease)
             moved = [o for o in result.servers if o.ok and o.weights_changed is not False]
             if not moved:
@@ -140,7 +135,7 @@ class ExternalReloads:
         """The weights did not move (or not everywhere): the servers that still hold the old ones resume."""
         async with self._ending:
             lease = self._open_lease(lease_id)
-            lease.result.reload_ms = _ms_since(lease.paused)
+            lease.result.reload_ms = ms_since(lease.paused)
             await self._verify(lease)
             self._stay_on_old_weights(lease, "its weights changed or could not be read in an aborted update")
             await self._resume(lease)
@@ -176,7 +171,7 @@ class ExternalReloads:
                 for s, o in zip(lease.servers, lease.result.servers, strict=True)
             )
         )
-        lease.result.verify_ms = _ms_since(t)
+        lease.result.verify_ms = ms_since(t)
 
     async def _verify_one(self, url: str, outcome: ServerReload, old: dict[str, str] | None) -> None:
         try:
@@ -215,7 +210,7 @@ class ExternalReloads:
                 outcome.ok, outcome.error = False, f"{type(error).__name__}: {error}"
 
         await asyncio.gather(*(resume(o) for o in lease.result.servers if o.ok))
-        lease.result.resume_ms = _ms_since(t)
+        lease.result.resume_ms = ms_since(t)
 
     def _end(self, lease: Lease, outcome: Outcome) -> ReloadResult:
         """Record the reload like any other (span, metrics, last result) and open the gate."""
@@ -225,7 +220,7 @@ class ExternalReloads:
                 self.coordinator.pool.take_out(server, f"update to version {result.version}: {report.error}")
         if outcome != "committed":  # the policy stays: the report says so
             result.version = result.previous_version
-        result.total_ms = _ms_since(lease.started)
+        result.total_ms = ms_since(lease.started)
         self.coordinator.last_result = result
         self.coordinator.record(result, lease.start_ns, **{"otel_rl.reload.external": outcome})
         self._metrics.count_reload(
@@ -251,7 +246,3 @@ class ExternalReloads:
         status, body = await self._client.request("POST", url + path, timeout_s=self._timeout_s)
         if status != 200:
             raise ValueError(f"{path} answered HTTP {status}: {body[:300].decode(errors='replace')}")
-
-
-def _ms_since(start: float) -> float:
-    return round((time.perf_counter() - start) * 1000, 3)

@@ -7,7 +7,8 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from otel_rl.gateway.recording import OPERATION_APIS, CallRecord
-from otel_rl.gateway.reload import ReloadCoordinator, ReloadResult
+from otel_rl.gateway.reload import ReloadCoordinator
+from otel_rl.gateway.reload_result import ReloadResult
 from otel_rl.gateway.servers import ServerPool
 
 RELOAD_PHASES = ("drain", "pause", "reload", "verify", "resume", "total")

@@ -25,7 +25,8 @@ from otel_rl.gateway.outputs import StreamAssembler, parse_chat_response, parse_
 from otel_rl.gateway.protocols import Protocol, ProtocolError, ProtocolStream, Route
 from otel_rl.gateway.recording import OPERATION_APIS, CallRecord
 from otel_rl.gateway.relay import StreamFailed, relay_events, sse_error
-from otel_rl.gateway.reload import GatewayPaused, ReloadCoordinator, ReloadResult
+from otel_rl.gateway.reload import GatewayPaused, ReloadCoordinator
+from otel_rl.gateway.reload_result import ReloadResult
 from otel_rl.gateway.request_fields import check_request
 from otel_rl.gateway.rescoring import constraints, policy_logprobs
 from otel_rl.gateway.servers import InferenceServer, NoServerAvailable, ServerPool, retry_delay_s

@@ -9,13 +9,14 @@ each server that still holds its weights resumes serving it, and the next reload
 import asyncio
 import logging
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from opentelemetry.trace import SpanKind, Status, StatusCode, Tracer
 
 from otel_rl.attributes import POLICY_VERSION, RELOAD_SPAN_NAME
 from otel_rl.gateway.client import UpstreamClient, UpstreamError
+from otel_rl.gateway.reload_result import ReloadResult, ServerReload, check_same_weights, ms_since
 from otel_rl.gateway.servers import LORA_NAME, InferenceServer, ServerPool, served_adapter, weight_checksums
 
 log = logging.getLogger(__name__)
@@ -47,51 +48,6 @@ class Policy:
     def served_model(self) -> str | None:
         """The model name calls must use on vLLM (the adapter's), or None to keep the client's."""
         return LORA_NAME if self.lora_adapter else None
-
-
-@dataclass
-class ServerReload:
-    url: str
-    ok: bool = False
-    error: str | None = None
-    weights_changed: bool | None = None
-    checksums: dict[str, str] | None = field(default=None, repr=False)
-    # Its weights before the load, when no reload verified the current ones (what a failed reload restores)
-    checksums_before: dict[str, str] | None = field(default=None, repr=False)
-
-
-@dataclass
-class ReloadResult:
-    """What one reload did, and how long each phase took (milliseconds)."""
-
-    version: int
-    previous_version: int
-    checkpoint: str | None
-    lora_adapter: str | None
-    servers: list[ServerReload]
-    in_flight_at_pause: int = 0
-    aborted: int = 0
-    drain_ms: float = 0.0
-    pause_ms: float = 0.0
-    reload_ms: float = 0.0
-    verify_ms: float = 0.0
-    resume_ms: float = 0.0
-    total_ms: float = 0.0
-
-    @property
-    def ok(self) -> bool:
-        return any(server.ok for server in self.servers)
-
-    @property
-    def failed(self) -> list[ServerReload]:
-        return [server for server in self.servers if not server.ok]
-
-    def to_json(self) -> dict[str, Any]:
-        data = asdict(self)
-        for server in data["servers"]:
-            server.pop("checksums")
-            server.pop("checksums_before")
-        return data
 
 
 class ReloadCoordinator:
@@ -167,7 +123,7 @@ class ReloadCoordinator:
                     await self._keep_serving(servers, result)
             finally:
                 self._open.set()
-                result.total_ms = _ms_since(start)
+                result.total_ms = ms_since(start)
             self.last_result = result
             self.record(result, start_ns)
             return result
@@ -216,7 +172,7 @@ class ReloadCoordinator:
             except TimeoutError:
                 # vLLM has stopped generating for them; what is left is relaying to slow clients.
                 log.warning("%d aborted calls are still being relayed", self.in_flight)
-        result.drain_ms = _ms_since(t)
+        result.drain_ms = ms_since(t)
 
     async def _reload_all(
         self, servers: list[InferenceServer], result: ReloadResult, checkpoint: str | None, lora: str | None
@@ -231,7 +187,7 @@ class ReloadCoordinator:
         # A server that failed stays paused on vLLM too: nobody can reach its stale weights.
         t = time.perf_counter()
         await asyncio.gather(*(self._guard(o, self._post(s.url, "/resume")) for s, o in outcomes))
-        result.resume_ms = _ms_since(t)
+        result.resume_ms = ms_since(t)
 
     async def _reload_one(
         self, url: str, outcome: ServerReload, checkpoint: str | None, lora: str | None
@@ -243,10 +199,10 @@ class ReloadCoordinator:
             await self._post(url, "/pause", params={"mode": "wait"})
             if checkpoint is not None and self.pool.reference_checksums is None:
                 outcome.checksums_before = await weight_checksums(self._client, url, self._reload_timeout_s)
-            phases["pause"] = _ms_since(t)
+            phases["pause"] = ms_since(t)
             t = time.perf_counter()
             await self._load(url, checkpoint, lora)
-            phases["reload"] = _ms_since(t)
+            phases["reload"] = ms_since(t)
             t = time.perf_counter()
             # Resetting the prefix cache is mandatory: prefixes cached under the old weights would be reused.
             # It and the verification both only read or drop state, so they run concurrently (one hop less).
@@ -261,7 +217,7 @@ class ReloadCoordinator:
             if verified is not None:
                 outcome.weights_changed = None if before is None else verified != before
             outcome.ok = True
-            phases["verify"] = _ms_since(t)
+            phases["verify"] = ms_since(t)
         except (UpstreamError, KeyError, ValueError) as error:
             outcome.ok = False
             outcome.error = f"{type(error).__name__}: {error}"
@@ -395,20 +351,3 @@ class ReloadCoordinator:
             errors = "; ".join(f"{server.url}: {server.error}" for server in result.failed)
             span.set_status(Status(StatusCode.ERROR, errors))
         span.end()
-
-
-def check_same_weights(outcomes: list[ServerReload]) -> None:
-    """Servers whose weights differ from the majority's fail verification: never serve two versions."""
-    verified = [outcome for outcome in outcomes if outcome.ok and outcome.checksums is not None]
-    if len(verified) < 2:
-        return
-    digests = [tuple(sorted(outcome.checksums.items())) for outcome in verified]
-    majority = max(set(digests), key=digests.count)
-    for outcome, digest in zip(verified, digests, strict=True):
-        if digest != majority:
-            outcome.ok = False
-            outcome.error = "its weights differ from the other servers' after the reload"
-
-
-def _ms_since(start: float) -> float:
-    return round((time.perf_counter() - start) * 1000, 3)
