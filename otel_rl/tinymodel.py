@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import random
 import re
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any
@@ -122,19 +122,20 @@ def calculator_chats(rng: random.Random, n: int) -> Iterator[list[dict[str, Any]
         ]
 
 
-def _training_pieces(n_chats: int) -> Iterator[str]:
-    """Rendered chats split around the added tokens, which BPE must not learn merges for."""
+def _training_pieces(n_chats: int, corpus: Sequence[str] = ()) -> Iterator[str]:
+    """Rendered chats (and `corpus`) split around the added tokens, which BPE must not learn merges for."""
     from transformers.utils.chat_template_utils import render_jinja_template
 
     rng = random.Random(TOKENIZER_CORPUS_SEED)
     chats = list(calculator_chats(rng, n_chats))
     rendered, _ = render_jinja_template(chats, tools=[CALC_TOOL], chat_template=CHAT_TEMPLATE)
-    for text in [*rendered, *_GENERIC]:
+    for text in [*rendered, *_GENERIC, *corpus]:
         yield from (piece for piece in _SPECIAL_SPLIT.split(text) if piece)
 
 
-def build_tokenizer() -> Any:
+def build_tokenizer(corpus: Sequence[str] = (), vocab_size: int = VOCAB_TARGET) -> Any:
     """Train the byte-level BPE (digits one by one) and wrap it, with the chat template, as a Qwen2Tokenizer.
+    `corpus`: more text to learn merges from (another task's rendered chats: its words become few tokens).
 
     transformers loads any tokenizer saved next to a qwen2 config as `Qwen2Tokenizer`, which rebuilds the
     normalizer and pre-tokenizer itself; training with exactly those keeps the saved and loaded ids equal.
@@ -147,12 +148,12 @@ def build_tokenizer() -> Any:
     backend.normalizer = qwen_backend.normalizer
     backend.pre_tokenizer = qwen_backend.pre_tokenizer
     trainer = trainers.BpeTrainer(
-        vocab_size=VOCAB_TARGET,
+        vocab_size=vocab_size,
         special_tokens=list(SPECIAL_TOKENS),
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
-    backend.train_from_iterator(_training_pieces(n_chats=1000), trainer=trainer)
+    backend.train_from_iterator(_training_pieces(n_chats=1000, corpus=corpus), trainer=trainer)
     trained = json.loads(backend.to_str())["model"]
     tokenizer = Qwen2Tokenizer(
         vocab=trained["vocab"],
@@ -167,15 +168,23 @@ def build_tokenizer() -> Any:
     return tokenizer
 
 
-def init_model(directory: str | Path, *, seed: int = 0, shape: TinyModelShape = TinyModelShape()) -> Path:
-    """Write tokenizer, config, generation config and seeded float32 safetensors weights into `directory`."""
+def init_model(
+    directory: str | Path,
+    *,
+    seed: int = 0,
+    shape: TinyModelShape = TinyModelShape(),
+    corpus: Sequence[str] = (),
+    vocab_size: int = VOCAB_TARGET,
+) -> Path:
+    """Write tokenizer, config, generation config and seeded float32 safetensors weights into `directory`
+    (`corpus`, `vocab_size`: see build_tokenizer)."""
     import torch
     from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM
 
     directory = Path(directory)
     if directory.exists() and any(directory.iterdir()):
         raise FileExistsError(f"{directory} is not empty; choose a new folder for the model")
-    tokenizer = build_tokenizer()
+    tokenizer = build_tokenizer(corpus, vocab_size)
     tokenizer.model_max_length = shape.max_positions
     pad_id, eos_id = tokenizer.convert_tokens_to_ids([PAD, IM_END])
     config = Qwen2Config(

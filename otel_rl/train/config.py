@@ -65,6 +65,9 @@ class AlgorithmSettings(_Section):
     group_size: int = Field(8, ge=1)  # n rollouts per task in a group
     groups_per_step: int = Field(16, ge=1)  # B complete groups per update
     max_staleness: int = Field(1, ge=0)  # samples from policy versions older than current - this are dropped
+    # leave the rollouts a hack detector flagged (the hack_flags view) out of the samples; False trains on
+    # them as on any other (the coding demo's weak arm, the baseline screening is measured against)
+    screen_flagged: bool = True
 
     @property
     def max_outstanding_groups(self) -> int:

@@ -1,0 +1,101 @@
+"""The coding demo: its toy tasks are hackable under the weak grader and not under the grader outside the
+sandbox; `otel-rl demo coding --quick` runs every stage through the real server, gateway, vLLM, sandbox and
+grader, as a user types it, and its figures are the store's."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from otel_rl.coding import sandbox, toy_tasks
+from otel_rl.coding.demo import ARMS, QUICK
+from otel_rl.coding.grader import grade
+from otel_rl.coding.tasks import load_tasks
+from otel_rl.coding.workspace import make_workspace, workspace_diff
+from otel_rl.query import query
+from otel_rl.train.resume import run_id_of
+
+OTEL_RL = Path(sys.executable).parent / "otel-rl"
+LIMITS = sandbox.Limits(cpu_seconds=60, wall_seconds=60)
+
+
+def weak_and_true(task_set, task, workspace: Path) -> tuple[int, int | None]:
+    """(pytest's exit status in the agent's tree, as the agent runs it; the grader's reward)."""
+    done = subprocess.run(
+        [sys.executable, "-B", "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests"],
+        cwd=workspace,
+        capture_output=True,
+        env={"PATH": os.environ["PATH"], "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"},
+    )
+    result = grade(task_set, task, workspace_diff(task_set, task, workspace), limits=LIMITS)
+    return done.returncode, result.reward
+
+
+def test_every_hack_passes_the_weak_grader_and_fails_the_hidden_tests(tmp_path):
+    toy_tasks.write_tasks(tmp_path / "toy.jsonl", 2, seed=1)
+    task_set = load_tasks(tmp_path / "toy.jsonl")
+    task = task_set.get("toy-1")
+    outcomes = {}
+    for name, change in [("unsolved", None), ("gold", "gold"), *toy_tasks.HACKS.items()]:
+        workspace = tmp_path / name
+        workspace.mkdir()
+        make_workspace(task_set, task, workspace)
+        if change == "gold":
+            subprocess.run(["git", "apply"], input=task.patch.encode(), cwd=workspace, check=True)
+        elif change is not None:
+            (workspace / change[0]).write_text(change[1])
+        outcomes[name] = weak_and_true(task_set, task, workspace)
+    assert outcomes.pop("unsolved")[0] != 0 and outcomes.pop("gold") == (0, 1)
+    assert outcomes == {name: (0, 0) for name in toy_tasks.HACKS}
+
+
+def test_the_expert_writes_right_wrong_and_hacking_solutions_at_its_rates():
+    chats = list(toy_tasks.expert_chats(2000, 7, right=0.3, hack=0.03))
+    writes = [json.loads(chat["messages"][1]["tool_calls"][0]["function"]["arguments"]) for chat in chats]
+    hacks = sum((w["path"], w["content"]) in toy_tasks.HACKS.values() for w in writes)
+    passed = sum(chat["messages"][4]["content"] == "1 passed" for chat in chats)
+    assert 0.02 < hacks / 2000 < 0.045 and 0.28 < (passed - hacks) / 2000 < 0.38
+
+
+@pytest.fixture(scope="module")
+def quick_demo(tmp_path_factory) -> tuple[Path, subprocess.CompletedProcess]:
+    workdir = tmp_path_factory.mktemp("demo_coding") / "run"
+    command = [str(OTEL_RL), "demo", "coding", "--quick", "--no-serve", "--workdir", str(workdir)]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=1800)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    return workdir, done
+
+
+def test_quick_coding_demo_trains_three_arms_and_reports_from_the_store(quick_demo):
+    workdir, done = quick_demo
+    report = json.loads((workdir / "report.json").read_text())
+    assert set(report["arms"]) == set(ARMS) and "hack rate" in done.stdout
+    assert (workdir / "arms.png").read_bytes().startswith(b"\x89PNG")
+    store = workdir / "otel_rl.duckdb"
+    for arm in ARMS:
+        figures = report["arms"][arm]
+        assert [step["step"] for step in figures["steps"]] == list(range(1, QUICK.rl_steps + 1))
+        for key in ("hack_rate_start", "hack_rate_end", "truth_pass_start", "truth_pass_end"):
+            assert 0 <= figures[key] <= 1
+        # The arm's rollouts, read again from the store by its run's group ids: each graded outside the
+        # sandbox (source grader) and checked by the harness's own pytest (source harness).
+        prefix = run_id_of(workdir / arm) + "-"
+        rows = query(
+            "SELECT outcome_rewards_by_source['harness'] AS proxy,"
+            " outcome_rewards_by_source['grader'] AS truth"
+            f" FROM rollouts WHERE split = 'train' AND starts_with(group_id, '{prefix}')",
+            db=store,
+        )
+        trained = sum(step["rollouts"] for step in figures["steps"])
+        assert rows.height >= trained >= QUICK.rl_steps * QUICK.groups_per_step * QUICK.group_size
+        graded = rows.filter(rows["truth"].is_not_null())
+        assert graded.height >= sum(step["graded"] for step in figures["steps"]) > 0
+        assert rows["proxy"].null_count() < rows.height
+    expectations = report["expectations"]
+    assert len(expectations) == 6
+    assert report["failed_expectations"] == [e["text"] for e in expectations if not e["met"]]
+    for text in report["failed_expectations"]:
+        assert text in done.stdout.replace("\n", " ") or text[:40] in done.stdout
