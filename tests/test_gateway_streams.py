@@ -8,7 +8,7 @@ import pytest
 from fake_vllm import MODEL, FakeVLLM, Reply, ToolCall
 
 from otel_rl.gateway.outputs import StreamAssembler, parse_chat_response
-from otel_rl.gateway.upstream import ClientAsked, SSEBuffer, strip_response, upstream_body
+from otel_rl.gateway.upstream import ClientAsked, SSEEvents, strip_response, upstream_body
 
 ASK_ALL = {"logprobs": True, "return_token_ids": True}
 
@@ -28,10 +28,26 @@ def stream_bytes(fake: FakeVLLM, body: dict) -> bytes:
 @pytest.mark.parametrize("piece", [1, 7, 64, 100_000])
 def test_events_split_anywhere_across_reads_are_reassembled(fake, piece):
     raw = stream_bytes(fake, {"model": MODEL, "messages": [{"role": "user", "content": "Hi"}], "n": 2})
-    buffer = SSEBuffer()
-    payloads = [p for start in range(0, len(raw), piece) for p in buffer.feed(raw[start : start + piece])]
-    assert payloads == [line[6:] for line in raw.split(b"\n") if line.startswith(b"data: ")]
-    assert payloads[-1] == b"[DONE]"
+    events = SSEEvents()
+    payloads = [p for start in range(0, len(raw), piece) for p in events.feed(raw[start : start + piece])]
+    assert payloads == [line[6:].decode() for line in raw.split(b"\n") if line.startswith(b"data: ")]
+    assert payloads[-1] == "[DONE]"
+
+
+@pytest.mark.parametrize("piece", [1, 3, 100])
+def test_crlf_line_ends_multi_line_data_and_comments_are_read_as_the_sse_format_says(piece):
+    # vLLM writes LF; a server behind a proxy may write CRLF or CR, and an event's data may span lines
+    raw = (
+        b": keep-alive\r\n\r\n"
+        b'data: {"a":\r\ndata: 1}\r\n\r\n'
+        b"event: ping\rdata:  two spaces\r\r"
+        b"data: caf\xc3\xa9\n\n"
+        b"data: [DONE]\n\n"
+    )
+    events = SSEEvents()
+    payloads = [p for start in range(0, len(raw), piece) for p in events.feed(raw[start : start + piece])]
+    assert payloads == ['{"a":\n1}', " two spaces", "caf\u00e9", "[DONE]"]
+    assert json.loads(payloads[0]) == {"a": 1}
 
 
 def test_streamed_and_whole_responses_assemble_to_the_same_output(fake):
@@ -50,8 +66,8 @@ def test_streamed_and_whole_responses_assemble_to_the_same_output(fake):
     }
     whole = httpx.post(f"{fake.url}/chat/completions", json=body, timeout=10).json()
     assembler = StreamAssembler("chat")
-    for payload in SSEBuffer().feed(stream_bytes(fake, body)):
-        if payload != b"[DONE]":
+    for payload in SSEEvents().feed(stream_bytes(fake, body)):
+        if payload != "[DONE]":
             assembler.add(json.loads(payload))
 
     expected = parse_chat_response(whole)

@@ -139,6 +139,9 @@ class Stream:
 
 
 def _event(name: str, payload: dict[str, Any]) -> bytes:
+    # Written by hand, not with an SSE library (sse-starlette's ServerSentEvent): the data is orjson's JSON,
+    # one line with no newline in it, so an event is these bytes exactly; the library would decode, split and
+    # re-encode each of a stream's many events.
     return b"event: " + name.encode() + b"\ndata: " + orjson.dumps(payload) + b"\n\n"
 
 

@@ -32,13 +32,13 @@ from otel_rl.gateway.rescoring import constraints, policy_logprobs
 from otel_rl.gateway.servers import InferenceServer, NoServerAvailable, ServerPool, retry_delay_s
 from otel_rl.gateway.settings import GatewaySettings
 from otel_rl.gateway.span_rows import CallSpanWriter
-from otel_rl.gateway.upstream import ClientAsked, SSEBuffer, strip_response, upstream_body
+from otel_rl.gateway.upstream import ClientAsked, SSEEvents, strip_response, upstream_body
 from otel_rl.store import Store
 
 log = logging.getLogger(__name__)
 
 PATHS = {"chat": "/v1/chat/completions", "text_completion": "/v1/completions"}
-ABORTED = b'"finish_reason":"abort"'  # vLLM's compact JSON for a call cut by `/pause?mode=abort`
+ABORTED = '"finish_reason":"abort"'  # vLLM's compact JSON for a call cut by `/pause?mode=abort`
 RELOAD_RETRY_AFTER_S = 1
 
 
@@ -260,7 +260,7 @@ class Gateway:
         stream_error = stream.error if stream is not None else sse_error
 
         async def relay() -> AsyncIterator[bytes]:
-            sse = SSEBuffer()
+            sse = SSEEvents()
             try:
                 async for data in response.content.iter_any():
                     if record.time_to_first_chunk_s is None:

@@ -11,14 +11,14 @@ from otel_rl.gateway.upstream import ClientAsked, strip_response
 
 
 def relay_events(
-    payloads: list[bytes],
+    payloads: list[str],
     assembler: StreamAssembler,
     asked: ClientAsked,
     data: bytes,
     stream: ProtocolStream | None,
 ) -> bytes:
     """Feed a received piece of the stream to the assembler; the bytes to pass on to the client."""
-    chunks = [orjson.loads(payload) if payload != b"[DONE]" else None for payload in payloads]
+    chunks = [orjson.loads(payload) if payload != "[DONE]" else None for payload in payloads]
     for chunk in chunks:
         if chunk is None:
             assembler.finished = True
@@ -33,6 +33,7 @@ def relay_events(
         return translated
     if asked.everything:
         return data
+    # By hand, as messages_stream._event says why: orjson's one-line JSON makes the event these bytes.
     return b"".join(
         b"data: [DONE]\n\n"
         if chunk is None

@@ -5,8 +5,11 @@ rollout's split; the client still receives exactly what it asked for: fields it 
 null, as vLLM itself writes them when they were not requested.
 """
 
+import codecs
 from dataclasses import dataclass
 from typing import Any
+
+from httpx_sse._decoders import SSEDecoder, SSELineDecoder
 
 # The request fields that decide what is sampled: recorded as `otel_rl.sampling.params`.
 SAMPLING_FIELDS = (
@@ -91,24 +94,28 @@ def strip_response(response: dict[str, Any], asked: ClientAsked) -> dict[str, An
     return response
 
 
-class SSEBuffer:
-    """Splits a byte stream of server-sent events into the `data:` payloads of complete events.
+class SSEEvents:
+    """Reads a byte stream of server-sent events into the `data` of each complete event, as the SSE format
+    says: lines end in CRLF, LF or CR; an event's `data:` lines join with a newline; comments are skipped.
 
-    Events end with a blank line written as two newlines, as vLLM writes them.
+    httpx-sse's decoders do the reading: the library's public API reads httpx responses, and the gateway's
+    upstream client is aiohttp (its chunks are fed here), so its line and event decoders are used directly
+    (its exact version is pinned).
     """
 
     def __init__(self) -> None:
-        self._pending = b""
+        self._text = codecs.getincrementaldecoder("utf-8")()  # a character may be split across reads
+        self._lines = SSELineDecoder()
+        self._events = SSEDecoder()
 
-    def feed(self, data: bytes) -> list[bytes]:
-        """The payloads of the events that `data` completes."""
-        self._pending += data
-        if b"\n\n" not in self._pending:
+    def feed(self, data: bytes) -> list[str]:
+        """The data of the events that `data` completes."""
+        text = self._text.decode(data)
+        if not text:
             return []
-        *events, self._pending = self._pending.split(b"\n\n")
         payloads = []
-        for event in events:
-            for line in event.split(b"\n"):
-                if line.startswith(b"data:"):
-                    payloads.append(line[5:].strip())
+        for line in self._lines.decode(text):
+            event = self._events.decode(line)
+            if event is not None and event.data:
+                payloads.append(event.data)
         return payloads
