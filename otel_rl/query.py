@@ -23,16 +23,13 @@ if TYPE_CHECKING:
     import pyarrow as pa
     from rich.console import Console
 
+    from otel_rl.store.sandbox import Params
+
 DEFAULT_DB = Path(".otel_rl") / "otel_rl.duckdb"
 DEFAULT_SERVER = "http://127.0.0.1:4318"
 # On each /v1/query answer: no row the statement read was written after this commit. Sent back as the body's
 # `after_commit`, it makes a read of the normalized tables wait for that commit only, not for every later one.
 SEEN_THROUGH_HEADER = "OTel-RL-Seen-Through"
-
-
-def sql_list(values: Sequence[str]) -> str:
-    """A SQL list literal of strings, `('a', 'b')` (ids are hex, but quote safely anyway)."""
-    return "(" + ", ".join("'" + value.replace("'", "''") + "'" for value in values) + ")"
 
 
 class QueryError(RuntimeError):
@@ -51,9 +48,15 @@ Stores = str | Path | Sequence[str | Path]  # one store file, a glob of them ('p
 
 
 def query(
-    sql: str, *, db: Stores | None = None, server: str | None = None, token: str | None = None
+    sql: str,
+    params: Params | None = None,
+    *,
+    db: Stores | None = None,
+    server: str | None = None,
+    token: str | None = None,
 ) -> pl.DataFrame:
-    """Run one read-only SQL statement over the store's tables and views.
+    """Run one read-only SQL statement over the store's tables and views, its parameters (`$1` or `?` with a
+    list, `$name` with a dict) bound by DuckDB.
 
     With `server`, ask that server. Otherwise open the DuckDB file (`db`, else OTEL_RL_DB, else
     .otel_rl/otel_rl.duckdb) read-only, or, when a running server holds it (or there is no file and no
@@ -75,10 +78,10 @@ def query(
             raise QueryError(str(exc)) from None
         _catch_up(paths)
         if len(paths) != 1:
-            return pl.from_arrow(_query_stores(paths, sql))
+            return pl.from_arrow(_query_stores(paths, sql, params))
         path = paths[0]
         if path.exists():
-            table = _query_file(path, sql)
+            table = _query_file(path, sql, params)
             if table is not None:
                 return pl.from_arrow(table)
             why_server = f"{path} is held by a running server"
@@ -87,7 +90,7 @@ def query(
         else:
             why_server = f"there is no database at {path}"
     url = server or os.environ.get("OTEL_RL_SERVER") or DEFAULT_SERVER
-    return pl.from_arrow(_query_server(url, sql, token, why_server))
+    return pl.from_arrow(_query_server(url, sql, params, token, why_server))
 
 
 def _catch_up(paths: list[Path]) -> None:
@@ -112,7 +115,7 @@ def _catch_up(paths: list[Path]) -> None:
                 warnings.warn(f"{path} cannot be normalized ({exc}): read as it is", CatchingUp, stacklevel=3)
 
 
-def _query_stores(paths: list[Path], sql: str) -> pa.Table:
+def _query_stores(paths: list[Path], sql: str, params: Params | None) -> pa.Table:
     """The result over several store files read as one (none held by a server)."""
     from otel_rl.store.partitions import PartitionError, query_stores, split_message
     from otel_rl.store.sandbox import QueryFailed, ReadOnlyViolation
@@ -120,7 +123,7 @@ def _query_stores(paths: list[Path], sql: str) -> pa.Table:
     if not paths:
         raise QueryError("no store named: give --db FILE (repeatable) or a glob")
     try:
-        table, split = query_stores(paths, sql)
+        table, split = query_stores(paths, sql, params)
     except PartitionError as exc:
         raise QueryError(str(exc)) from None
     except ReadOnlyViolation as exc:
@@ -132,7 +135,7 @@ def _query_stores(paths: list[Path], sql: str) -> pa.Table:
     return table
 
 
-def _query_file(path: Path, sql: str) -> pa.Table | None:
+def _query_file(path: Path, sql: str, params: Params | None) -> pa.Table | None:
     """The result from the file opened read-only in the sandbox (as the server runs queries, its archived rows
     included), or None when a server holds the file's lock."""
     from functools import partial
@@ -157,9 +160,8 @@ def _query_file(path: Path, sql: str) -> pa.Table | None:
         files = archive.manifest(con)
         archive.allow_reading(con, [path])
         lock_down(con)
-        return UserQuery(
-            con, sql, prepare=partial(archive.shadow_raw_tables, store_path=path, files=files)
-        ).run()
+        prepare = partial(archive.shadow_raw_tables, store_path=path, files=files)
+        return UserQuery(con, sql, prepare=prepare, params=params).run()
     except ReadOnlyViolation as exc:
         raise QueryError(f"query refused: {exc}") from None
     except QueryFailed as exc:
@@ -168,7 +170,7 @@ def _query_file(path: Path, sql: str) -> pa.Table | None:
         con.close()
 
 
-def _query_server(url: str, sql: str, token: str | None, why_server: str) -> pa.Table:
+def _query_server(url: str, sql: str, params: Params | None, token: str | None, why_server: str) -> pa.Table:
     import httpx
 
     from otel_rl.auth import client_token
@@ -178,8 +180,9 @@ def _query_server(url: str, sql: str, token: str | None, why_server: str) -> pa.
     except ValueError as exc:  # OTEL_RL_TOKEN_FILE names a file without a token
         raise QueryError(str(exc)) from None
     headers = {"Authorization": f"Bearer {token}"} if token else {}
+    body = {"sql": sql} if params is None else {"sql": sql, "params": params}
     try:
-        response = httpx.post(f"{url.rstrip('/')}/v1/query", json={"sql": sql}, headers=headers, timeout=300)
+        response = httpx.post(f"{url.rstrip('/')}/v1/query", json=body, headers=headers, timeout=300)
     except httpx.TransportError as exc:
         raise QueryError(f"{why_server}, but no otel-rl server answers at {url}: {exc}") from None
     return query_result(response, url)

@@ -16,6 +16,7 @@ from otel_rl.auth import Auth, admin_required
 from otel_rl.query import SEEN_THROUGH_HEADER
 from otel_rl.store import Store
 from otel_rl.store.sandbox import (
+    MAX_PARAMS,
     QueryFailed,
     QueryInterrupted,
     QueryTimeout,
@@ -28,7 +29,6 @@ ARROW_STREAM = "application/vnd.apache.arrow.stream"
 MAX_SQL_BYTES = 1024 * 1024  # the request body, read before anything else
 # A statement's parameters: bounded in number and size before DuckDB sees them, scalars only (a list or an
 # object as a value is refused: nothing nested to allocate).
-MAX_PARAMS = 10_000
 MAX_PARAM_CHARS = 65_536
 ParamValue = (
     Annotated[StrictStr, StringConstraints(max_length=MAX_PARAM_CHARS)]
@@ -138,9 +138,9 @@ def arrow_stream_bytes(table: pa.Table) -> bytes:
     return sink.getvalue().to_pybytes()
 
 
-def json_bytes(table: pa.Table) -> bytes:
+def json_bytes(table: pa.Table | pl.DataFrame) -> bytes:
     """A table as a JSON array of row objects; binary values (BLOB) as base64 strings, at any depth."""
-    frame = pl.from_arrow(table)
+    frame = table if isinstance(table, pl.DataFrame) else pl.from_arrow(table)
     frame = frame.with_columns(
         _base64(pl.col(name), dtype).alias(name) for name, dtype in frame.schema.items() if _has_binary(dtype)
     )

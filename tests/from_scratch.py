@@ -59,5 +59,5 @@ class ScratchViews:
             self._con.execute(f"CREATE TABLE {name} AS FROM {name}_rows")
         create_views(self._con)
 
-    def query(self, sql: str) -> pl.DataFrame:
-        return pl.from_arrow(self._con.sql(sql).to_arrow_table())
+    def query(self, sql: str, params: list | dict | None = None) -> pl.DataFrame:
+        return pl.from_arrow(self._con.sql(sql, params=params).to_arrow_table())

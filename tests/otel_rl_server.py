@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 
 import httpx
+import polars as pl
 import pyarrow as pa
 
 from otel_rl.gateway.vllm import free_ports
@@ -85,11 +86,16 @@ class ServerProcess:
             self.process.kill()
             self.process.wait(10)
 
-    def sql(self, sql: str) -> pa.Table:
-        """Run a read-only query through the server's /v1/query endpoint."""
-        response = httpx.post(f"{self.http_url}/v1/query", json={"sql": sql}, headers=self.auth, timeout=60)
+    def sql(self, sql: str, params: list | dict | None = None) -> pa.Table:
+        """Run a read-only query through the server's /v1/query endpoint, its parameters bound by DuckDB."""
+        body = {"sql": sql} if params is None else {"sql": sql, "params": params}
+        response = httpx.post(f"{self.http_url}/v1/query", json=body, headers=self.auth, timeout=60)
         assert response.status_code == 200, response.text
         return pa.ipc.open_stream(response.content).read_all()
+
+    def run(self, sql: str, params: list | dict | None = None) -> pl.DataFrame:
+        """`sql` as a polars frame: a `reads.Run` (otel_rl/store/reads.py) through this server."""
+        return pl.from_arrow(self.sql(sql, params))
 
     def scalar(self, sql: str) -> object:
         return self.sql(sql).column(0)[0].as_py()

@@ -356,9 +356,7 @@ def test_flagged_rollouts_are_screened_out_of_samples_and_counted(server, tmp_pa
     until(server, "SELECT 1 FROM hack_flags WHERE rollout_id = 's-hacked'", 1)
     until(server, "SELECT 1 FROM llm_calls WHERE group_id = 'screened-group'", 6)
 
-    def run_query(sql: str) -> pl.DataFrame:
-        return pl.from_arrow(server.sql(sql))
-
+    run_query = server.run
     options = SampleOptions(reward=RewardSpec(trusted_sources=("test",)))
     calls, rollouts, rewards = load_inputs("group_id = 'screened-group'", run_query)
     samples, report = build_samples(calls, rollouts, rewards, options=options)

@@ -18,9 +18,8 @@ from typer.testing import CliRunner
 
 from otel_rl import attributes as attr
 from otel_rl.cli import app
-from otel_rl.train.groups import attempt_progress_sql, final_attempts_sql
+from otel_rl.store import reads
 from otel_rl.transforms.rewards import DEFAULT_TRUSTED_SOURCES
-from otel_rl.ui.queries import training_runs_sql, training_steps_sql
 
 TEN_YEARS_NS = 10 * 365 * 86400 * 10**9
 
@@ -122,7 +121,7 @@ def test_a_forged_controller_status_dated_ahead_never_is_the_status(otel_rl_serv
     ahead = time.time_ns() + TEN_YEARS_NS
     forged = one_span(attr.CONTROLLER_SCOPE, attr.ROLLOUT_SPAN_NAME, identity + ok, ahead)
     export(otel_rl_server, "traces", forged, key, "protobuf")
-    progress = otel_rl_server.sql(attempt_progress_sql([attempt], time.time_ns() - 60 * 10**9)).to_pylist()
+    progress = reads.attempt_progress(otel_rl_server.run, [attempt], time.time_ns() - 60 * 10**9).to_dicts()
     assert progress == [], "a harness cannot say its attempt finished"
 
     timeout = [kv(attr.ROLLOUT_STATUS, "timeout"), kv(attr.ROLLOUT_EXIT_CODE, -9)]
@@ -133,7 +132,7 @@ def test_a_forged_controller_status_dated_ahead_never_is_the_status(otel_rl_serv
         f"SELECT status, exit_code FROM rollouts WHERE rollout_id = '{rollout_id}'"
     ).to_pylist()
     assert rollout == {"status": "timeout", "exit_code": -9}
-    (final,) = otel_rl_server.sql(final_attempts_sql([group])).to_pylist()
+    (final,) = reads.final_attempts(otel_rl_server.run, [group]).to_dicts()
     assert (final["final_attempt"], final["status"]) == (attempt, "timeout")
     senders = otel_rl_server.sql(
         f"SELECT sender FROM spans WHERE scope_name = '{attr.CONTROLLER_SCOPE}'"
@@ -151,9 +150,9 @@ def test_a_forged_trainer_step_never_shows_as_a_step(otel_rl_server) -> None:
     stored = f"SELECT count(*) FROM spans WHERE attributes ->> '{attr.TRAIN_RUN_ID}' = '{run_id}'"
     assert otel_rl_server.scalar(stored) == 1
 
-    runs = otel_rl_server.sql(training_runs_sql())["run_id"].to_pylist()
+    runs = reads.training_runs(otel_rl_server.run)["run_id"].to_list()
     assert run_id not in runs
-    assert otel_rl_server.sql(training_steps_sql(run_id)).num_rows == 0
+    assert reads.training_steps(otel_rl_server.run, run_id).height == 0
 
 
 def test_a_forged_grader_reward_never_is_the_trusted_reward(otel_rl_server) -> None:

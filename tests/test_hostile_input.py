@@ -12,7 +12,6 @@ from pathlib import Path
 
 import grpc
 import httpx
-import polars as pl
 import pytest
 from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
@@ -487,9 +486,6 @@ def test_every_view_answers_after_the_accepted_mutants_of_the_realistic_corpus(s
             accepted = []
     assert 0 < refused < mutants
 
-    def run_query(sql: str) -> pl.DataFrame:
-        return pl.from_arrow(server.sql(sql))
-
-    calls, rollouts, rewards = load_inputs(f"rollout_id LIKE '{run}-%'", run_query)
+    calls, rollouts, rewards = load_inputs("rollout_id LIKE $1 || '-%'", server.run, params=[run])
     assert rollouts.height >= mutants - refused
     build_samples(calls, rollouts, rewards)

@@ -12,7 +12,6 @@ from otel_rl_server import ServerProcess
 
 from otel_rl import attributes as attr
 from otel_rl.gateway.vllm import free_ports
-from otel_rl.query import sql_list
 from otel_rl.train.config import ConfigError, TrainConfig, config_from_dict
 from otel_rl.train.groups import final_attempts_only, oldest_versions, read_groups, reusable_groups
 from otel_rl.train.online import run_online
@@ -73,7 +72,8 @@ def test_a_restart_reuses_only_complete_fresh_unused_groups():
             ]
         ]
     )
-    assert reusable_groups(rows, consumed={"used"}, group_size=2, oldest_version=3) == ["no_calls", "done"]
+    found = reusable_groups(rows, consumed={"used"}, group_size=2, trained=4, max_staleness=1)
+    assert found == ["no_calls", "done"]
 
 
 def test_only_the_final_attempts_calls_and_rewards_are_trained_on():
@@ -139,7 +139,8 @@ def assert_trained_only_on_the_version_before(gateway: ServerProcess, steps: lis
         versions = gateway.sql(
             "SELECT DISTINCT c.policy_version FROM llm_calls c "
             "JOIN rollouts r USING (rollout_id, attempt_id) "  # the final attempts, the ones trained on
-            f"WHERE c.group_id IN {sql_list(step.group_ids)}"
+            f"WHERE c.group_id IN ({', '.join('?' * len(step.group_ids))})",
+            step.group_ids,
         ).column(0)
         assert versions.to_pylist() == [step.policy_version - 1]
 
@@ -162,7 +163,7 @@ def assert_same_samples_as_the_views_from_scratch(
         )
         built = [
             build_samples(*read_groups(query, step.group_ids), options=options)[0]
-            for query in (lambda sql: pl.from_arrow(gateway.sql(sql)), scratch.query)
+            for query in (gateway.run, scratch.query)
         ]
         maintained, from_scratch = (samples.sort("segment_id") for samples in built)
         differing = [c for c in maintained.columns if not maintained[c].equals(from_scratch[c])]

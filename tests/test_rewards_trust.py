@@ -29,7 +29,6 @@ from typer.testing import CliRunner
 
 from otel_rl import attributes as attr
 from otel_rl.cli import app
-from otel_rl.query import sql_list
 from otel_rl.train.config import ConfigError, config_from_dict
 from otel_rl.train.online import run_online
 from otel_rl.train.server_client import OnlineTrainingError
@@ -63,14 +62,9 @@ def rollouts(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ServerP
                 response = httpx.post(f"{server.http_url}/v1/chat/completions", json=body, headers=headers)
                 assert response.status_code == 200, response.text
             send_rewards(server, ids)
-            wait_for(
-                server, f"SELECT count(*) FROM rewards WHERE rollout_id IN {sql_list(list(ids.values()))}", 4
-            )
-            wait_for(
-                server,
-                f"SELECT count(*) FROM llm_calls WHERE rollout_id IN {sql_list(list(ids.values()))}",
-                5,
-            )
+            # this server's store holds these rollouts only (all in group "trust")
+            wait_for(server, "SELECT count(*) FROM rewards", 4)
+            wait_for(server, "SELECT count(*) FROM llm_calls", 5)
             yield server, ids
         finally:
             server.stop()
@@ -104,7 +98,7 @@ def wait_for(server: ServerProcess, sql: str, expected: int, timeout_s: float = 
 
 
 def export(server: ServerProcess, ids: dict[str, str], out: Path, *flags: str):
-    where = f"rollout_id IN {sql_list(list(ids.values()))}"
+    where = "group_id = 'trust'"
     args = ["export", "samples", "--server", server.http_url, "--token", server.token, "--where", where]
     result = CliRunner().invoke(app, [*args, "-o", str(out), *flags], env=WIDE)
     assert result.exit_code == 0, result.output
@@ -147,7 +141,7 @@ def test_a_fill_value_still_reports_the_rewards_it_replaced(rollouts, tmp_path):
 
 def test_the_sft_export_reports_untrusted_rewards_too(rollouts, tmp_path):
     server, ids = rollouts
-    where = f"rollout_id IN {sql_list(list(ids.values()))}"
+    where = "group_id = 'trust'"
     args = ["export", "sft", "--server", server.http_url, "--token", server.token, "--where", where]
     result = CliRunner().invoke(app, [*args, "-o", str(tmp_path / "sft.jsonl")], env=WIDE)
     assert result.exit_code == 0, result.output

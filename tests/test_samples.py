@@ -287,6 +287,30 @@ def test_stale_segments_are_dropped():
     assert report.dropped_segments == {"stale": 1}
 
 
+def test_a_stale_rollout_never_shapes_its_group_s_baseline():
+    # r3 was sampled 5 versions before the policy being trained (max 2): it is dropped before the group's
+    # advantages are computed, so r1 and r2 are scored against each other only (mean 0.5), not against a
+    # baseline r3's reward raised to 2/3.
+    calls = calls_frame(
+        call("r1", "s1", [1], [[10]], [[-0.1]], t=1, version=9),
+        call("r2", "s2", [1], [[11]], [[-0.1]], t=1, version=9),
+        call("r3", "s3", [1], [[12]], [[-0.1]], t=1, version=5),
+    )
+    samples, report = build(
+        calls,
+        rollouts_frame(("r1", "g", "ok"), ("r2", "g", "ok"), ("r3", "g", "ok")),
+        rewards_frame(("r1", 1.0), ("r2", 0.0), ("r3", 1.0)),
+        current_policy_version=10,
+        max_staleness=2,
+    )
+
+    advantages = dict(samples.select("rollout_id", "advantage").iter_rows())
+    fresh_pair = 0.5 / (math.sqrt(0.5) + 1e-6)  # grpo over (1, 0): (r - 0.5) / std
+    assert advantages == pytest.approx({"r1": fresh_pair, "r2": -fresh_pair}, abs=1e-5)
+    assert report.dropped_rollouts == {"stale": 1} and report.dropped_segments == {"stale": 1}
+    assert report.reward_by_group == {"g": {"rollouts": 2, "mean_reward": 0.5}}
+
+
 def test_group_advantages_match_a_hand_computation_over_rollouts_not_segments():
     # r1 splits into two segments: it must still count once in its group's statistics
     calls = calls_frame(

@@ -21,7 +21,8 @@ from otel_rl.gateway.outputs import CallOutput, ChoiceOutput, ToolCallOutput
 from otel_rl.gateway.recording import CallRecord, record_call
 from otel_rl.query import query
 from otel_rl.store import Store
-from otel_rl.transforms.samples import CALL_COLUMNS, ROLLOUT_COLUMNS, load_inputs
+from otel_rl.store.reads import CALL_COLUMNS, ROLLOUT_COLUMNS
+from otel_rl.transforms.samples import load_inputs
 from otel_rl.transforms.screening import FLAGS_COLUMN
 
 QUESTION = [{"role": "user", "content": "What is 2+3?"}]
@@ -202,7 +203,7 @@ def test_llm_calls_has_the_token_data_of_every_gateway_call(mixed_store: Path):
 
 
 def test_load_inputs_reads_the_calls_of_llm_calls_whatever_their_dialect(mixed_store: Path):
-    calls, rollouts, _ = load_inputs("true", lambda sql: query(sql, db=mixed_store))
+    calls, rollouts, _ = load_inputs("true", partial(query, db=mixed_store))
     expected = query(
         f"SELECT {', '.join(CALL_COLUMNS)} FROM llm_calls WHERE rollout_id IS NOT NULL"
         " ORDER BY rollout_id, start_time_unix_nano, span_id",

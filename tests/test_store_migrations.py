@@ -11,6 +11,7 @@ from rollout_traffic import rollout_requests
 from otel_rl.collector.ingest import ingest_logs, ingest_traces
 from otel_rl.store import Store
 from otel_rl.store.definitions import NORMALIZED
+from otel_rl.store.identity import IDENTITY_COLUMNS
 from otel_rl.train.groups import read_groups
 
 
@@ -105,8 +106,8 @@ def test_a_store_made_before_the_normalized_tables_numbers_its_rows_and_normaliz
 def test_the_online_read_bounded_by_time_gives_the_rows_of_the_whole_views(tmp_path) -> None:
     with Store(tmp_path / "store.duckdb") as store:
 
-        def query(sql: str) -> pl.DataFrame:
-            return pl.from_arrow(store.query_arrow(sql))
+        def query(sql: str, params: list | None = None) -> pl.DataFrame:
+            return pl.from_arrow(store.query_arrow(sql, params))
 
         ingest(store, "old-1", "g-old", time.time_ns() - 3600 * 10**9)
         for i in range(3):
@@ -119,3 +120,27 @@ def test_the_online_read_bounded_by_time_gives_the_rows_of_the_whole_views(tmp_p
         assert calls.select(whole_calls.columns).equals(whole_calls)
         assert calls.height == 6 and rollouts["rollout_id"].sort().to_list() == ["new-0", "new-1", "new-2"]
         assert sorted(rewards["rollout_id"]) == ["new-0", "new-1", "new-2"]
+
+
+def test_a_store_made_before_the_identity_columns_gets_them_by_the_collectors_rule(tmp_path) -> None:
+    db = tmp_path / "store.duckdb"
+    identity = f"SELECT {', '.join(IDENTITY_COLUMNS)} FROM {{}} ORDER BY ALL"
+    with Store(db) as store:
+        ingest(store, "r-1", "g-1", time.time_ns())
+        written = {table: store.query_arrow(identity.format(table)) for table in ("spans", "logs")}
+    assert set(written["spans"]["rollout_id"].to_pylist()) == {"r-1"}
+    assert set(written["logs"]["rollout_id"].to_pylist()) == {"r-1"}
+    con = duckdb.connect(str(db))
+    for table in ("spans", "logs", "metric_points"):
+        for column in IDENTITY_COLUMNS:
+            con.execute(f"ALTER TABLE {table} DROP COLUMN {column}")
+    con.execute("DROP SCHEMA normalized CASCADE")  # normalized by the earlier version's views
+    con.execute("DELETE FROM view_sources")
+    con.close()
+
+    with Store(db) as store:
+        assert {table: store.query_arrow(identity.format(table)) for table in written} == written
+        store.wait_normalized(timeout_s=60)
+        rollouts = store.query_arrow("SELECT rollout_id, group_id, n_calls FROM rollouts").to_pylist()
+        assert rollouts == [{"rollout_id": "r-1", "group_id": "g-1", "n_calls": 2}]
+    assert differences(db) == {name: (0, 0) for name in NORMALIZED}

@@ -4,22 +4,17 @@ import logging
 from collections.abc import Iterator
 from pathlib import Path
 
+import polars as pl
 from prometheus_client import Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from otel_rl.store import Store
-from otel_rl.store.connection import CATALOG
+from otel_rl.store import Store, reads
 from otel_rl.store.sandbox import QueryFailed, QueryInterrupted
 from otel_rl.store.wal import wal_path
 
 log = logging.getLogger(__name__)
 
-# DuckDB's own row counts (kept per table, exact without deletes): a scrape reads no rows.
-_ROWS_SQL = (
-    "SELECT table_name, estimated_size FROM duckdb_tables() "
-    f"WHERE database_name = '{CATALOG}' AND schema_name IN ('main', 'normalized') ORDER BY table_name"
-)
 ROUND_BUCKETS_S = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
 COMMIT_BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
@@ -102,7 +97,8 @@ class StoreMetrics(Collector):
             value=_size(wal_path(store.path)),
         )
         try:
-            counts = store.query_arrow(_ROWS_SQL).to_pylist()
+            # DuckDB's own row counts: a scrape reads no rows
+            counts = reads.table_rows(lambda sql, params: pl.from_arrow(store.query_arrow(sql, params)))
         except (
             QueryFailed,
             QueryInterrupted,
@@ -112,8 +108,8 @@ class StoreMetrics(Collector):
         rows = GaugeMetricFamily(
             "otel_rl_store_rows", "Rows of each store table, as DuckDB keeps count of them.", labels=["table"]
         )
-        for row in counts:
-            rows.add_metric([row["table_name"]], row["estimated_size"])
+        for table_name, estimated_size in counts.iter_rows():
+            rows.add_metric([table_name], estimated_size)
         yield rows
 
 

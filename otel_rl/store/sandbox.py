@@ -36,6 +36,7 @@ RAW_TABLE_NAMES = frozenset(
 # A statement's parameters ($1, $name or ?), bound by DuckDB: a list for positional ones, a dict for named.
 Scalar = str | int | float | bool | None
 Params = list[Scalar] | dict[str, Scalar]
+MAX_PARAMS = 10_000  # values one statement may bind (/v1/query refuses more; the reads bind ids in chunks)
 BATCH_ROWS = 16_384  # rows per Arrow batch read from DuckDB: the result bound is checked after each
 WATCH_TICK_S = 0.05  # how often a running statement's deadline and stop are checked
 

@@ -21,7 +21,7 @@ from otel_rl.store.keys import StoredKey, key_row, read_keys, revocation_rows
 from otel_rl.store.layout import LAYOUTS
 from otel_rl.store.normalizer import Normalizer, NotNormalized
 from otel_rl.store.retention import ArchivePolicy, ArchiveReport
-from otel_rl.store.sandbox import UserQuery, lock_down, reads_raw_tables_only
+from otel_rl.store.sandbox import Params, UserQuery, lock_down, reads_raw_tables_only
 from otel_rl.store.schema import (
     COMMIT_NUMBERED,
     Schema,
@@ -178,9 +178,10 @@ class Store:
 
     # ---------------------------------------------------------------- reads
 
-    def query_arrow(self, sql: str) -> pa.Table:
-        """The result of one read-only statement (SELECT, DESCRIBE...), run in the sandbox (sandbox.py)."""
-        return self.user_query(sql).run()
+    def query_arrow(self, sql: str, params: Params | None = None) -> pa.Table:
+        """The result of one read-only statement (SELECT, DESCRIBE...), run in the sandbox (sandbox.py), its
+        parameters bound by DuckDB."""
+        return self.user_query(sql, params=params).run()
 
     def user_query(
         self,
@@ -189,6 +190,7 @@ class Store:
         max_result_bytes: int | None = None,
         timeout_s: float | None = None,
         after_commit: int | None = None,
+        params: Params | None = None,
     ) -> UserQuery:
         """One user statement to `run()` in the sandbox, which another thread may `stop()`. It runs once the
         normalized tables include every commit made before it started (unless it reads raw tables only), or
@@ -200,7 +202,12 @@ class Store:
                 f"after_commit {after_commit}: the store's last commit is {self._writer.last_commit_seq}"
             )
         query = UserQuery(
-            self._con, sql, max_result_bytes=max_result_bytes, timeout_s=timeout_s, prepare=self._read_archive
+            self._con,
+            sql,
+            max_result_bytes=max_result_bytes,
+            timeout_s=timeout_s,
+            prepare=self._read_archive,
+            params=params,
         )
         query.before_run = partial(self._wait_unless_raw, sql, after_commit=after_commit)
         return query

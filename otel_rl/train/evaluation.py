@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import time
+from functools import partial
 
 from rich.console import Console
 
 from otel_rl import attributes as attr
 from otel_rl.controller import Rollout, new_id
 from otel_rl.controller.backends import RolloutRunner
+from otel_rl.store import reads
 from otel_rl.train.config import TrainConfig
 from otel_rl.train.controllers import eval_settings, open_runner
 from otel_rl.train.groups import await_in_store
@@ -67,18 +69,10 @@ class Evaluator:
         rollouts = [Rollout(new_id(), group_id, task.task_id, task.payload, "val") for task in self.val_tasks]
         results = await asyncio.gather(*(runner.run_rollout(rollout) for rollout in rollouts))
         _, seen = await await_in_store(self.client, results)
-        rows = self.client.query(
-            f"SELECT rollout_id FROM rollouts WHERE group_id = '{group_id}'", after_commit=seen
-        )
+        run = partial(self.client.query, after_commit=seen)
+        rows = reads.group_rollout_ids(run, group_id)
         # the reward training uses (its trusted sources and rule), not whatever the harness reported
-        given = outcome_rewards(
-            self.client.query(
-                "SELECT * FROM rewards WHERE rollout_id IN"
-                f" (SELECT rollout_id FROM rollouts WHERE group_id = '{group_id}')",
-                after_commit=seen,
-            ),
-            self.config.reward.spec(),
-        )
+        given = outcome_rewards(reads.group_rewards(run, group_id), self.config.reward.spec())
         rows = rows.join(given, on="rollout_id", how="left")
         rewards = rows["reward"].fill_null(0.0)  # no trusted reward (the harness failed): a failure
         record = EvalRecord(

@@ -4,16 +4,15 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING
 
 import polars as pl
 
-from otel_rl import attributes as attr
-from otel_rl.query import sql_list
-from otel_rl.store.layout import VOUCHED_SENDERS
+from otel_rl.store import reads
 from otel_rl.train.server_client import OnlineTrainingError
+from otel_rl.transforms.staleness import fresh
 
 if TYPE_CHECKING:
     from otel_rl.controller import RolloutResult
@@ -69,13 +68,24 @@ def oldest_versions(attempts: pl.DataFrame, groups: Mapping[str, str]) -> dict[s
     return dict(oldest.iter_rows())
 
 
+def stale_groups(versions: Mapping[str, int | None], trained: int, max_staleness: int) -> set[str]:
+    """The groups (by their oldest call's version, `versions`) too stale to train policy version `trained`
+    (the staleness rule: transforms/staleness.py)."""
+    frame = pl.DataFrame(
+        {"group_id": list(versions), "version": list(versions.values())},
+        schema={"group_id": pl.String, "version": pl.Int64},
+    )
+    return set(frame.filter(~fresh(pl.col("version"), trained, max_staleness))["group_id"])
+
+
 def reusable_groups(
-    rollouts: pl.DataFrame, *, consumed: set[str], group_size: int, oldest_version: int
+    rollouts: pl.DataFrame, *, consumed: set[str], group_size: int, trained: int, max_staleness: int
 ) -> list[str]:
-    """Groups a previous run of this loop finished but never trained on, still fresh enough to use.
+    """Groups a previous run of this loop finished but never trained on, still fresh enough to train policy
+    version `trained`.
 
     `rollouts` are this run's train rows of the `rollouts` view (one per rollout, its final attempt). A group
-    qualifies when all its `group_size` rollouts finished and none has a call older than `oldest_version`.
+    qualifies when all its `group_size` rollouts finished and its oldest call is fresh (staleness.py).
     """
     groups = (
         rollouts.group_by("group_id")
@@ -88,7 +98,7 @@ def reusable_groups(
         .filter(
             (pl.col("n") == group_size)
             & ~pl.col("running")
-            & (pl.col("version").is_null() | (pl.col("version") >= oldest_version))
+            & fresh(pl.col("version"), trained, max_staleness)
             & ~pl.col("group_id").is_in(sorted(consumed))
         )
         .sort("ended_at")
@@ -96,49 +106,10 @@ def reusable_groups(
     return groups["group_id"].to_list()
 
 
-# The loop reads the controller's and the gateway's spans directly where it needs one attempt's facts
-# (the `rollouts` view has one row per rollout) or only a few fields cheaply, while rollouts run: only those
-# the server vouches for (`sender`, set at ingest), since a rollout key can send spans in any scope; the
-# latest by the server's receive order (`commit_seq`), never by a sender's clock.
-_VOUCHED = f"sender IN {sql_list(VOUCHED_SENDERS)}"
-_RECEIVED = "(commit_seq, start_time_unix_nano)"  # spans of one commit by their start
-
-
-def attempt_progress_sql(attempt_ids: Sequence[str], since_ns: int) -> str:
-    """Per attempt (all started at `since_ns` or later): whether its controller status span arrived, and its
-    oldest call's policy version. The time bound lets DuckDB skip older row groups: without it every poll
-    parsed every stored call's attributes."""
-    return (
-        f"SELECT attributes ->> '{attr.ATTEMPT_ID}' AS attempt_id, "
-        f"bool_or(scope_name = '{attr.CONTROLLER_SCOPE}') AS finished, "
-        f"min(TRY_CAST(attributes ->> '{attr.POLICY_VERSION}' AS INTEGER)) "
-        f"FILTER (WHERE scope_name = '{attr.GATEWAY_SCOPE}') AS policy_version "
-        f"FROM spans WHERE start_time_unix_nano >= {since_ns} "
-        f"AND scope_name IN ('{attr.CONTROLLER_SCOPE}', '{attr.GATEWAY_SCOPE}') AND {_VOUCHED} "
-        f"AND attributes ->> '{attr.ATTEMPT_ID}' IN {sql_list(attempt_ids)} GROUP BY 1"
-    )
-
-
-def final_attempts_sql(group_ids: Sequence[str], since_ns: int | None = None) -> str:
-    """Per rollout of the groups: its final attempt as the controller recorded it, and when it started. With
-    `since_ns` (before every final attempt's start), DuckDB skips the row groups written before."""
-    started = f"AND start_time_unix_nano >= {since_ns} " if since_ns is not None else ""
-    return (
-        f"SELECT attributes ->> '{attr.ROLLOUT_ID}' AS rollout_id, "
-        f"arg_max(attributes ->> '{attr.ATTEMPT_ID}', {_RECEIVED}) AS final_attempt, "
-        f"any_value(attributes ->> '{attr.GROUP_ID}') AS group_id, "
-        f"any_value(attributes ->> '{attr.TASK_ID}') AS task_id, "
-        f"arg_max(attributes ->> '{attr.ROLLOUT_STATUS}', {_RECEIVED}) AS status, "
-        "max(start_time_unix_nano) AS attempt_start_ns "
-        f"FROM spans WHERE scope_name = '{attr.CONTROLLER_SCOPE}' AND name = '{attr.ROLLOUT_SPAN_NAME}' "
-        f"AND {_VOUCHED} {started}AND attributes ->> '{attr.GROUP_ID}' IN {sql_list(group_ids)} GROUP BY 1"
-    )
-
-
 def read_groups(
-    query: Callable[[str], pl.DataFrame], groups: Sequence[str], started_ns: int | None = None
+    run: reads.Run, groups: Sequence[str], started_ns: int | None = None
 ) -> tuple[pl.DataFrame, pl.DataFrame, pl.DataFrame]:
-    """The calls, rollouts and rewards of the groups' final attempts (`query` asks the server); `started_ns`:
+    """The calls, rollouts and rewards of the groups' final attempts (`run` asks the server); `started_ns`:
     when the oldest of those attempts started, when the caller knows it.
 
     Calls and rewards come from `llm_calls` and `rewards`, the views users query (tables the store keeps
@@ -146,29 +117,21 @@ def read_groups(
     that time lets DuckDB skip the row groups written before, so that a step reads what it needs whatever
     the store holds.
     """
-    from otel_rl.transforms.samples import CALL_COLUMNS
     from otel_rl.transforms.screening import with_flags
 
     bound = None if started_ns is None else started_ns - CLOCK_SLACK_NS
-    attempts = query(final_attempts_sql(groups, bound))
+    attempts = reads.final_attempts(run, groups, bound)
     rollouts = attempts.select(
         "rollout_id", pl.col("final_attempt").alias("attempt_id"), "group_id", "task_id", "status"
     )
     since = int(attempts["attempt_start_ns"].min()) - CLOCK_SLACK_NS
     # The policy's calls are the gateway's, with exact token ids; a harness's calls to any other model
     # are not samples of the policy.
-    calls = query(
-        f"SELECT {', '.join(CALL_COLUMNS)}, attempt_id FROM llm_calls WHERE start_time_unix_nano >= {since}"
-        f" AND dialect = 'gateway' AND group_id IN {sql_list(groups)}"
-        " ORDER BY rollout_id, start_time_unix_nano"
-    )
-    received = datetime.fromtimestamp(since / 1e9, UTC).isoformat()
-    rewards = query(
-        f"SELECT * FROM rewards WHERE received_at >= '{received}'::TIMESTAMPTZ"
-        f" AND rollout_id IN {sql_list(rollouts['rollout_id'].to_list())}"
-    )
+    calls = reads.group_gateway_calls(run, groups, since)
+    received = datetime.fromtimestamp(since / 1e9, UTC)
+    rewards = reads.received_rewards(run, rollouts["rollout_id"].to_list(), received)
     calls, rewards = final_attempts_only(calls, rewards, attempts)
-    return calls, with_flags(rollouts, query), rewards
+    return calls, with_flags(rollouts, run), rewards
 
 
 async def await_in_store(
@@ -187,7 +150,7 @@ async def await_in_store(
     since = min(r.attempts[-1].start_time_unix_nano for r in results) - CLOCK_SLACK_NS
     deadline = time.monotonic() + STORE_WAIT_S
     while True:
-        rows, seen = await asyncio.to_thread(client.query_seen, attempt_progress_sql(sorted(finals), since))
+        rows, seen = await asyncio.to_thread(_progress, client, sorted(finals), since)
         missing = set(finals) - set(rows.filter(pl.col("finished"))["attempt_id"])
         if not missing:
             return oldest_versions(rows, finals), seen
@@ -197,3 +160,15 @@ async def await_in_store(
                 f"{STORE_WAIT_S:.0f} s: does {client.url} receive the controller's spans?"
             )
         await asyncio.sleep(POLL_S)
+
+
+def _progress(client: ServerClient, attempt_ids: list[str], since_ns: int) -> tuple[pl.DataFrame, int]:
+    """The attempts' progress, and the commit the server read it through (ServerClient.query_seen)."""
+    seen: list[int] = []
+
+    def run(sql: str, params: reads.Params | None) -> pl.DataFrame:
+        frame, through = client.query_seen(sql, params)
+        seen.append(through)
+        return frame
+
+    return reads.attempt_progress(run, attempt_ids, since_ns), seen[0]

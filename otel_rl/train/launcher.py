@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, NamedTuple
 
 from otel_rl.controller import Rollout, RolloutResult, group_rollouts, new_id
-from otel_rl.train.groups import await_in_store
+from otel_rl.train.groups import await_in_store, stale_groups
 from otel_rl.train.tasks import Task, task_for_group
 
 if TYPE_CHECKING:
@@ -81,9 +81,8 @@ class GroupLauncher:
         self._launching = asyncio.create_task(self._launch_groups(set(reused) | set(self.state.consumed)))
 
     async def collect(self, version: int) -> Collected:
-        """B finished groups whose spans are all in the store and none older than max_staleness."""
+        """B finished groups whose spans are all in the store, fresh enough to train policy `version`."""
         need = self.config.algorithm.groups_per_step
-        oldest = version - self.config.algorithm.max_staleness
         chosen: list[str] = []
         starts: list[int | None] = []
         stale = 0
@@ -95,9 +94,9 @@ class GroupLauncher:
             results = [r for group in batch for r in group.results]
             versions, seen_at = await await_in_store(self.client, results)
             seen.append(seen_at)
+            stale_now = stale_groups(versions, version, self.config.algorithm.max_staleness)
             for group in batch:
-                group_version = versions.get(group.group_id)
-                if group_version is not None and group_version < oldest:
+                if group.group_id in stale_now:
                     stale += 1
                     await self.release(1)
                 else:

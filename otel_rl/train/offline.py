@@ -5,6 +5,7 @@ import random
 import time
 import uuid
 from collections.abc import Callable, Iterator, Sequence
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -36,10 +37,8 @@ def stored_samples(
     stores = list(dbs) or ([config.server.db] if config.server.db else [])
     server, db = (None, stores) if stores else (config.server.url, None)
 
-    def run_query(sql: str) -> pl.DataFrame:
-        return query(sql, db=db, server=server, token=config.server.token)
-
-    calls, rollouts, rewards = load_inputs(where, run_query, messages=tokenizer is not None)
+    run = partial(query, db=db, server=server, token=config.server.token)
+    calls, rollouts, rewards = load_inputs(where, run, messages=tokenizer is not None)
     reward = config.reward
     options = SampleOptions(
         reward=reward.spec(),

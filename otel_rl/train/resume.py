@@ -13,7 +13,8 @@ from typing import TYPE_CHECKING
 import polars as pl
 
 from otel_rl.controller import new_id
-from otel_rl.train.groups import final_attempts_sql, reusable_groups
+from otel_rl.store import reads
+from otel_rl.train.groups import reusable_groups
 
 if TYPE_CHECKING:
     from otel_rl.train.config import TrainConfig
@@ -90,21 +91,19 @@ def publish_start(client: ServerClient, checkpoint: Path, state: OnlineState) ->
 def unused_groups(client: ServerClient, config: TrainConfig, run_id: str, state: OnlineState) -> list[str]:
     """The groups of this run that finished but were never trained on, fresh enough to train on now, at most
     as many as the staleness bound lets be in flight (more would only go stale again)."""
-    rows = client.query(
-        "SELECT group_id, status, ended_at, policy_version_min "
-        f"FROM rollouts WHERE split = 'train' AND starts_with(group_id, '{run_id}-')"
-    )
+    rows = reads.run_train_rollouts(client.query, run_id)
     group_size = config.algorithm.group_size
     found = reusable_groups(
         rows,
         consumed=set(state.consumed),
         group_size=group_size,
-        oldest_version=state.version - config.algorithm.max_staleness,
+        trained=state.version,
+        max_staleness=config.algorithm.max_staleness,
     )
     if not found:
         return []
     # Finished means the controller's status span is in the store for every rollout, as during the run: the
     # harnesses of a loop killed with SIGKILL may end on their own later, but no controller saw them do so.
-    finals = client.query(final_attempts_sql(found)).group_by("group_id").len()
+    finals = reads.final_attempts(client.query, found).group_by("group_id").len()
     finished = set(finals.filter(pl.col("len") == group_size)["group_id"])
     return [group for group in found if group in finished][: config.algorithm.max_outstanding_groups]

@@ -10,6 +10,7 @@ import httpx
 import polars as pl
 
 from otel_rl import attributes as attr
+from otel_rl.store.sandbox import Params
 from otel_rl.train.config import ConfigError, TrainConfig
 
 
@@ -29,17 +30,26 @@ class ServerClient:
             timeout=httpx.Timeout(600, connect=5),
         )
 
-    def query(self, sql: str, *, after_commit: int | None = None) -> pl.DataFrame:
-        """One read-only statement over the store, on this client's kept-alive connection (a new client per
-        query spent a quarter of a step's reads setting up TLS contexts); `after_commit`: see query_seen."""
-        return self.query_seen(sql, after_commit=after_commit)[0]
+    def query(
+        self, sql: str, params: Params | None = None, *, after_commit: int | None = None
+    ) -> pl.DataFrame:
+        """One read-only statement over the store (its parameters bound by DuckDB), on this client's
+        kept-alive connection (a new client per query spent a quarter of a step's reads setting up TLS
+        contexts); `after_commit`: see query_seen. A `reads.Run` (otel_rl/store/reads.py)."""
+        return self.query_seen(sql, params, after_commit=after_commit)[0]
 
-    def query_seen(self, sql: str, *, after_commit: int | None = None) -> tuple[pl.DataFrame, int]:
+    def query_seen(
+        self, sql: str, params: Params | None = None, *, after_commit: int | None = None
+    ) -> tuple[pl.DataFrame, int]:
         """The statement's rows, and a commit no row it read was written after. Passed on as `after_commit`,
         a read of the normalized tables waits for that commit only (not for the later ones)."""
         from otel_rl.query import SEEN_THROUGH_HEADER, query_result
 
-        body = {"sql": sql} if after_commit is None else {"sql": sql, "after_commit": after_commit}
+        body: dict[str, Any] = {"sql": sql}
+        if params is not None:
+            body["params"] = params
+        if after_commit is not None:
+            body["after_commit"] = after_commit
         response = self._request("POST", "/v1/query", json=body)
         frame = pl.from_arrow(query_result(response, self.url))
         return frame, int(response.headers[SEEN_THROUGH_HEADER])

@@ -39,22 +39,6 @@ def rollout_advantages(rollouts: pl.DataFrame, estimator: Estimator = "grpo") ->
     return rollouts.with_columns(advantage=pl.Series(advantages.squeeze(-1).numpy().astype(np.float64)))
 
 
-def drop_stale(
-    segments: pl.DataFrame, current_version: int | None, max_staleness: int | None
-) -> pl.DataFrame:
-    """Keep segments sampled at most `max_staleness` policy versions before `current_version`.
-
-    A segment's age counts from its oldest call (`policy_version_min`); segments without a recorded version
-    are kept (their age is unknown).
-    """
-    if current_version is None or max_staleness is None:
-        return segments
-    oldest_allowed = current_version - max_staleness
-    return segments.filter(
-        pl.col("policy_version_min").is_null() | (pl.col("policy_version_min") >= oldest_allowed)
-    )
-
-
 def loss_weights(segments: pl.DataFrame) -> pl.DataFrame:
     """Add `loss_weight` = 1 / (the rollout's segments kept): each rollout's segments weigh 1 in total."""
     return segments.with_columns(loss_weight=(1.0 / pl.len().over("rollout_id")).cast(pl.Float64))

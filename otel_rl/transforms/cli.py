@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from functools import partial
 from pathlib import Path
 from typing import Annotated, Any, NoReturn
 
@@ -77,9 +78,8 @@ def _build(
     console = Console(stderr=True)
     try:
         with console.status("reading rollouts, calls and rewards"), warnings_as_lines(console):
-            calls, rollouts, rewards = load_inputs(
-                where, lambda sql: query(sql, db=db, server=server, token=token), messages=messages
-            )
+            run = partial(query, db=db, server=server, token=token)
+            calls, rollouts, rewards = load_inputs(where, run, messages=messages)
         loaded = None
         if tokenizer is not None:
             from transformers import AutoTokenizer

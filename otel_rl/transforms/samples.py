@@ -8,7 +8,9 @@ from typing import Any
 
 import polars as pl
 
-from otel_rl.transforms.advantages import Estimator, drop_stale, loss_weights, rollout_advantages
+from otel_rl.store import reads
+from otel_rl.store.reads import MESSAGE_COLUMNS, ROLLOUT_COLUMNS, Params
+from otel_rl.transforms.advantages import Estimator, loss_weights, rollout_advantages
 from otel_rl.transforms.limits import Limits, apply_limits
 from otel_rl.transforms.merge import Break, merge_segments
 from otel_rl.transforms.rewards import (
@@ -23,6 +25,7 @@ from otel_rl.transforms.rewards import (
     untrusted_hint,
 )
 from otel_rl.transforms.screening import screen, with_flags
+from otel_rl.transforms.staleness import fresh
 from otel_rl.transforms.tokens import Drift, call_tokens, measure_drift
 
 # The sample schema (docs/samples.md), in column order.
@@ -50,23 +53,7 @@ SAMPLE_COLUMNS = (
     "choice_indices",
     "constrained_calls",
 )
-ROLLOUT_COLUMNS = ("rollout_id", "attempt_id", "group_id", "task_id", "status")
-CALL_COLUMNS = (
-    "rollout_id",
-    "span_id",
-    "start_time_unix_nano",
-    "is_error",
-    "finish_reasons",
-    "prompt_token_ids",
-    "completion_token_ids",
-    "completion_logprobs",
-    "logprobs_source",
-    "policy_version",
-)
 SHOWN_GROUPS = 20
-# Read only when needed (retokenizing, drift, SFT): the messages are most of a call's bytes.
-MESSAGE_COLUMNS = ("input_messages", "output_messages", "tool_definitions")
-REWARD_COLUMNS = ("rollout_id", "span_id", "level", "name", "value", "source", "time", "received_at", "seq")
 
 
 @dataclass(frozen=True)
@@ -232,6 +219,13 @@ def build_samples(
     dropped_calls["aborted_choice"] = merge_counts.aborted_choices
     report.dropped_calls = {k: v for k, v in dropped_calls.items() if v}
 
+    # Stale segments go before advantages: a rollout left with none never shapes its group's baseline.
+    kept = _fresh_segments(segments, options)
+    stale = segments.filter(~pl.col("rollout_id").is_in(kept["rollout_id"].implode()))["rollout_id"].unique()
+    dropped_segments = {"stale": segments.height - kept.height}
+    segments = kept
+    scored = scored.filter(~pl.col("rollout_id").is_in(stale.implode()))
+    report.dropped_rollouts["stale"] = stale.len()
     scored = rollout_advantages(scored, options.estimator)
     report.reward_by_group = {
         group: {"rollouts": n, "mean_reward": mean}
@@ -244,9 +238,7 @@ def build_samples(
         segments.join(scored.select(ROLLOUT_COLUMNS[:4] + ("reward", "advantage")), on="rollout_id"),
         turn_rewards(rewards, options.reward),
     )
-    fresh = drop_stale(segments, options.current_policy_version, options.max_staleness)
-    dropped_segments = {"stale": segments.height - fresh.height}
-    segments, limit_counts = apply_limits(fresh, options.limits)
+    segments, limit_counts = apply_limits(segments, options.limits)
     dropped_segments |= {
         k: v for k, v in limit_counts.items() if k in ("prompt_too_long", "no_sampled_tokens")
     }
@@ -269,24 +261,30 @@ def build_samples(
     return samples, report
 
 
-def load_inputs(
-    where: str, run_query: Callable[[str], pl.DataFrame], *, messages: bool = False
-) -> tuple[pl.DataFrame, pl.DataFrame, pl.DataFrame]:
-    """The rollouts matching `where` (a SQL predicate over the `rollouts` view), their calls and rewards.
+def _fresh_segments(segments: pl.DataFrame, options: SampleOptions) -> pl.DataFrame:
+    """The segments fresh enough to train `options.current_policy_version` (transforms/staleness.py); all of
+    them when no version or bound is given."""
+    if options.current_policy_version is None or options.max_staleness is None:
+        return segments
+    version, bound = options.current_policy_version, options.max_staleness
+    return segments.filter(fresh(pl.col("policy_version_min"), version, bound))
 
-    `run_query` runs one read-only SQL statement (`otel_rl.query`, or a store's `query_arrow`). Only the
-    columns the pipeline reads are selected, token lists arriving as Arrow lists; the calls' messages only
-    with `messages` (needed to retokenize, to measure drift, and for SFT).
+
+def load_inputs(
+    where: str, run: reads.Run, *, params: Params | None = None, messages: bool = False
+) -> tuple[pl.DataFrame, pl.DataFrame, pl.DataFrame]:
+    """The rollouts matching `where` (a SQL predicate over the `rollouts` view, its parameters in `params`),
+    their calls and rewards.
+
+    `run(sql, params)` runs one read-only SQL statement (`otel_rl.query`, the server's /v1/query, a store).
+    Only the columns the pipeline reads are selected, token lists arriving as Arrow lists; the calls' messages
+    only with `messages` (needed to retokenize, to measure drift, and for SFT).
     """
-    rollouts = run_query(f"SELECT {', '.join(ROLLOUT_COLUMNS)}, n_calls FROM rollouts WHERE ({where})")
-    # the selected ids as literals, which DuckDB filters the scans of the next reads with
-    selected = ", ".join("'" + rollout_id.replace("'", "''") + "'" for rollout_id in rollouts["rollout_id"])
-    selected = f"rollout_id IN ({selected or 'NULL'})"
-    order = ("rollout_id", "start_time_unix_nano", "span_id")
-    columns = ", ".join(CALL_COLUMNS + MESSAGE_COLUMNS if messages else CALL_COLUMNS)
-    calls = run_query(f"SELECT {columns} FROM llm_calls WHERE {selected} ORDER BY {', '.join(order)}")
-    rewards = run_query(f"SELECT {', '.join(REWARD_COLUMNS)} FROM rewards WHERE {selected}")
-    return calls, with_flags(rollouts.drop("n_calls"), run_query), rewards
+    rollouts = reads.selected_rollouts(run, where, params)
+    ids = rollouts["rollout_id"].to_list()
+    calls = reads.rollout_calls(run, ids, messages=messages)
+    rewards = reads.rollout_rewards(run, ids)
+    return calls, with_flags(rollouts.drop("n_calls"), run), rewards
 
 
 def break_record(where: Break, calls: pl.DataFrame, tokenizer: Any | None) -> dict[str, Any]:

@@ -3,24 +3,15 @@ and counted, never scored: a flag is not a learned penalty (docs/coding.md "Dete
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-
 import polars as pl
 
-FLAGS_COLUMN = "hack_detectors"  # the rollout's detectors (a list), null when none flagged it
+from otel_rl.store import reads
+from otel_rl.store.reads import FLAGS_COLUMN
 
 
-def flags_sql(rollout_ids: Sequence[str]) -> str:
-    """The `hack_flags` rows of `rollout_ids` (quoted as literals: DuckDB filters the detectors' scans with
-    them)."""
-    listed = ", ".join("'" + rollout_id.replace("'", "''") + "'" for rollout_id in rollout_ids)
-    selected = f"rollout_id IN ({listed or 'NULL'})"
-    return f"SELECT rollout_id, detectors AS {FLAGS_COLUMN} FROM hack_flags WHERE {selected}"
-
-
-def with_flags(rollouts: pl.DataFrame, run_query: Callable[[str], pl.DataFrame]) -> pl.DataFrame:
-    """`rollouts` with their detectors (FLAGS_COLUMN), read from the store by `run_query`."""
-    flags = run_query(flags_sql(rollouts["rollout_id"].to_list()))
+def with_flags(rollouts: pl.DataFrame, run: reads.Run) -> pl.DataFrame:
+    """`rollouts` with their detectors (FLAGS_COLUMN), read from the store by `run`."""
+    flags = reads.hack_flags(run, rollouts["rollout_id"].to_list())
     flags = flags.select(pl.col("rollout_id").cast(pl.String), pl.col(FLAGS_COLUMN).cast(pl.List(pl.String)))
     return rollouts.join(flags, on="rollout_id", how="left")
 

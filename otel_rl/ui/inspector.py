@@ -3,16 +3,15 @@
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import polars as pl
 
+from otel_rl.store import reads
 from otel_rl.transforms.rewards import ANY_SOURCE, RewardSpec
 from otel_rl.transforms.samples import SampleOptions, build_samples, load_inputs
 from otel_rl.transforms.tokens import call_tokens
-from otel_rl.ui.queries import literal
 
 # The inspector builds the samples of the rollout's whole group (GRPO's advantage is relative to the group)
 # trusting every reward source: it shows what the pipeline makes of the rollout, not one run's trust policy.
@@ -49,25 +48,19 @@ class Tokenizer:
         return None if loaded is None else loaded.batch_decode([[token] for token in ids])
 
 
-def rollout_samples(
-    rollout_id: str, run_query: Callable[[str], pl.DataFrame], tokenizer: Tokenizer
-) -> dict[str, Any]:
+def rollout_samples(rollout_id: str, run: reads.Run, tokenizer: Tokenizer) -> dict[str, Any]:
     """The rollout's samples (one per merged segment), each token with its mask, logprob and advantage,
     and where each model call's tokens are; or why the pipeline made none."""
-    # span_identity, not rollouts: a seventh of the cost, and load_inputs reads the rollouts view anyway
-    spans, group_id = run_query(
-        "SELECT count(*), any_value(group_id) FILTER (WHERE group_id IS NOT NULL)"
-        f" FROM span_identity WHERE rollout_id = {literal(rollout_id)}"
-    ).row(0)
+    spans, group_id = reads.rollout_group(run, rollout_id)
     if spans == 0:
         raise RolloutNotFound(f"no rollout {rollout_id!r} in the store")
-    where = (
-        f"group_id = {literal(group_id)}" if group_id is not None else f"rollout_id = {literal(rollout_id)}"
+    where, params = (
+        ("group_id = $1", [group_id]) if group_id is not None else ("rollout_id = $1", [rollout_id])
     )
-    calls, rollouts, rewards = load_inputs(where, run_query)
+    calls, rollouts, rewards = load_inputs(where, run, params=params)
     retokenize = tokenizer.folder is not None and calls["prompt_token_ids"].null_count() > 0
     if retokenize:  # calls recorded without token ids (not through the gateway): tokenized from messages
-        calls, rollouts, rewards = load_inputs(where, run_query, messages=True)
+        calls, rollouts, rewards = load_inputs(where, run, params=params, messages=True)
     samples, report = build_samples(
         calls,
         rollouts,

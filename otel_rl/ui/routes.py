@@ -5,7 +5,7 @@ from __future__ import annotations
 import io
 import json
 import time
-from collections.abc import Callable
+from datetime import datetime
 from enum import StrEnum
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -15,11 +15,13 @@ import pyarrow as pa
 from fastapi import APIRouter, Depends, HTTPException, Query
 from fastapi import Path as PathParam
 from fastapi.responses import FileResponse, RedirectResponse, Response
+from pydantic import BaseModel, Field
 
 from otel_rl.auth import Auth, admin_required
 from otel_rl.csv_text import csv_text
+from otel_rl.input_rules import MAX_ID_CHARS  # rollout, group, task and run ids (HTTP 422 if longer)
 from otel_rl.query_api import QuerySlots, json_bytes
-from otel_rl.store import Store
+from otel_rl.store import Store, reads
 from otel_rl.store.sandbox import (
     QueryFailed,
     QueryInterrupted,
@@ -27,7 +29,7 @@ from otel_rl.store.sandbox import (
     ReadOnlyViolation,
     ResultTooLarge,
 )
-from otel_rl.ui import queries
+from otel_rl.transforms.staleness import versions_behind
 from otel_rl.ui.inspector import RolloutNotFound, Tokenizer, rollout_samples
 
 STATIC = Path(__file__).parent / "static"
@@ -37,8 +39,8 @@ MEDIA_TYPES = {".html": "text/html", ".js": "text/javascript", ".css": "text/css
 # The page runs only its own scripts and talks only to its server: stored text can never run as code.
 CSP = "default-src 'self'; img-src 'self' data:; object-src 'none'; base-uri 'none'; frame-ancestors 'none'"
 MAX_RESULT_BYTES = 64 * 1024 * 1024  # one page's data; the SQL box goes through /v1/query and its limits
-RolloutId = Annotated[str, PathParam(min_length=1, max_length=queries.MAX_ID_CHARS)]
-RunId = Annotated[str | None, Query(max_length=queries.MAX_ID_CHARS, description="default: the latest run")]
+RolloutId = Annotated[str, PathParam(min_length=1, max_length=MAX_ID_CHARS)]
+RunId = Annotated[str | None, Query(max_length=MAX_ID_CHARS, description="default: the latest run")]
 TrainingChart = Literal["steps", "evals", "reloads", "staleness"]
 
 
@@ -51,6 +53,22 @@ class Format(StrEnum):
 FormatParam = Annotated[Format, Query(description="json, or a download: csv, parquet")]
 
 
+class RolloutFilter(BaseModel):
+    """The rollouts table's filters (each optional), as query parameters."""
+
+    split: str | None = Field(default=None, max_length=MAX_ID_CHARS)
+    status: str | None = Field(default=None, max_length=64)
+    min_reward: float | None = Field(default=None, allow_inf_nan=False)
+    max_reward: float | None = Field(default=None, allow_inf_nan=False)
+    group: str | None = Field(default=None, max_length=MAX_ID_CHARS)
+    task: str | None = Field(default=None, max_length=MAX_ID_CHARS)
+    harness: str | None = Field(default=None, max_length=MAX_ID_CHARS, description="service.name")
+    since: datetime | None = None
+    until: datetime | None = None
+    limit: int = Field(default=200, ge=1, le=5000)
+    offset: int = Field(default=0, ge=0, le=10_000_000)
+
+
 def ui_router(
     store: Store, auth: Auth, *, tokenizer_folder: Path | None, timeout_s: float, slots: QuerySlots
 ) -> APIRouter:
@@ -61,18 +79,16 @@ def ui_router(
     admin = [Depends(admin_required(auth))]
     tokenizer = Tokenizer(tokenizer_folder)
 
-    def within() -> float:
-        """The deadline of a request's queries."""
-        return time.monotonic() + timeout_s
-
-    def run(sql: str, deadline: float) -> pa.Table:
+    def run(sql: str, params: reads.Params | None, deadline: float) -> pl.DataFrame:
         left = deadline - time.monotonic()
         if left <= 0:
             raise HTTPException(408, f"the page's queries took longer than {timeout_s:g} s (--query-timeout)")
         try:
             with slots.held():
-                query = store.user_query(sql, max_result_bytes=MAX_RESULT_BYTES, timeout_s=left)
-                return query.run()
+                query = store.user_query(
+                    sql, max_result_bytes=MAX_RESULT_BYTES, timeout_s=left, params=params
+                )
+                return pl.from_arrow(query.run())
         except (ReadOnlyViolation, QueryFailed) as exc:  # the SQL is ours: a failure here is a server bug
             raise HTTPException(500, f"the view's query failed: {exc}") from None
         except ResultTooLarge as exc:
@@ -82,8 +98,10 @@ def ui_router(
         except QueryInterrupted as exc:
             raise HTTPException(503, str(exc), headers={"Retry-After": "1"}) from None
 
-    def frames(deadline: float) -> Callable[[str], pl.DataFrame]:
-        return lambda sql: pl.from_arrow(run(sql, deadline))
+    def within() -> reads.Run:
+        """The reads of one request: together within the deadline of its queries."""
+        deadline = time.monotonic() + timeout_s
+        return lambda sql, params: run(sql, params, deadline)
 
     @router.get("/ui", include_in_schema=False)
     def ui_root() -> RedirectResponse:
@@ -103,11 +121,9 @@ def ui_router(
         return FileResponse(path, media_type=MEDIA_TYPES[path.suffix], headers={"Cache-Control": "no-cache"})
 
     @router.get("/ui/api/rollouts", dependencies=admin, summary="The rollouts table, filtered, newest first")
-    def rollouts(
-        filters: Annotated[queries.RolloutFilter, Query()], format: FormatParam = Format.json
-    ) -> Response:
-        table = run(queries.rollouts_sql(filters), within())
-        more = table.num_rows > filters.limit
+    def rollouts(filters: Annotated[RolloutFilter, Query()], format: FormatParam = Format.json) -> Response:
+        table = reads.rollouts_page(within(), **filters.model_dump())
+        more = table.height > filters.limit
         table = table.slice(0, filters.limit)
         if format is not Format.json:
             return download(table, "rollouts", format)
@@ -118,16 +134,16 @@ def ui_router(
 
     @router.get("/ui/api/rollouts/{rollout_id}", dependencies=admin, summary="One rollout and its timeline")
     def rollout(rollout_id: RolloutId) -> dict[str, Any]:
-        deadline = within()
-        found = run(queries.rollout_sql(rollout_id), deadline)
-        if found.num_rows == 0:
+        read = within()
+        found = reads.rollout(read, rollout_id)
+        if found.height == 0:
             raise HTTPException(404, f"no rollout {rollout_id!r} in the store")
         return {
             "rollout": rows(found)[0],
-            "calls": rows(run(queries.rollout_calls_sql(rollout_id), deadline)),
-            "tools": rows(run(queries.rollout_tools_sql(rollout_id), deadline)),
-            "steps": rows(run(queries.rollout_steps_sql(rollout_id), deadline)),
-            "rewards": rows(run(queries.rollout_rewards_sql(rollout_id), deadline)),
+            "calls": rows(reads.rollout_timeline_calls(read, rollout_id)),
+            "tools": rows(reads.rollout_tools(read, rollout_id)),
+            "steps": rows(reads.rollout_steps(read, rollout_id)),
+            "rewards": rows(reads.rollout_reward_rows(read, rollout_id)),
         }
 
     @router.get(
@@ -137,43 +153,56 @@ def ui_router(
     )
     def samples(rollout_id: RolloutId, format: FormatParam = Format.json) -> Response:
         try:
-            inspected = rollout_samples(rollout_id, frames(within()), tokenizer)
+            inspected = rollout_samples(rollout_id, within(), tokenizer)
         except RolloutNotFound as exc:
             raise HTTPException(404, str(exc)) from None
         if format is not Format.json:
-            return download(token_table(inspected["segments"]), f"samples-{rollout_id[:40]}", format)
+            segments = pl.from_arrow(token_table(inspected["segments"]))
+            return download(segments, f"samples-{rollout_id[:40]}", format)
         return Response(json.dumps(inspected).encode(), media_type="application/json")
 
     @router.get("/ui/api/training/runs", dependencies=admin, summary="The training runs the store recorded")
     def training_runs() -> list[dict[str, Any]]:
-        return rows(run(queries.training_runs_sql(), within()))
+        return rows(reads.training_runs(within()))
 
     @router.get("/ui/api/training/{chart}", dependencies=admin, summary="One chart of the training page")
     def training(chart: TrainingChart, run_id: RunId = None, format: FormatParam = Format.json) -> Response:
-        deadline = within()
+        read = within()
         if chart == "steps":
-            table = run(queries.training_steps_sql(run_id), deadline)
+            table = reads.training_steps(read, run_id)
         elif chart == "evals":
-            table = run(queries.training_evals_sql(run_id), deadline)
+            table = reads.training_evals(read, run_id)
         elif chart == "staleness":
-            table = run(queries.staleness_sql(run_id), deadline)
+            table = staleness(reads.step_rollout_versions(read, run_id))
         else:
-            table = run(queries.reloads_sql(run_started_ms(run_id, deadline)), deadline)
+            table = reads.reloads(read, run_started_ms(run_id, read))
         if format is not Format.json:
             return download(table, f"training-{chart}", format)
         return Response(json_bytes(table), media_type="application/json")
 
-    def run_started_ms(run_id: str | None, deadline: float) -> int | None:
-        runs = rows(run(queries.training_runs_sql(), deadline))
+    def run_started_ms(run_id: str | None, read: reads.Run) -> int | None:
+        runs = rows(reads.training_runs(read))
         chosen = [r for r in runs if r["run_id"] == run_id] if run_id else runs[:1]
         return chosen[0]["started_ms"] if chosen else None
 
     return router
 
 
-def rows(table: pa.Table) -> list[dict[str, Any]]:
-    """A table as JSON-ready row objects (binary as base64, timestamps as ISO text)."""
-    return json.loads(json_bytes(table)) if table.num_rows else []
+def staleness(versions: pl.DataFrame) -> pl.DataFrame:
+    """Per step: how many policy versions behind the policy it trained its rollouts were sampled, at most and
+    on average (the staleness rule: transforms/staleness.py). A step span records the version it produced,
+    one more than the version it trained."""
+    lag = versions_behind(pl.col("policy_version_min"), pl.col("policy_version") - 1)
+    return (
+        versions.group_by("step")
+        .agg(lag.max().alias("max_lag"), lag.mean().alias("mean_lag"), pl.len().alias("rollouts"))
+        .sort("step")
+    )
+
+
+def rows(table: pl.DataFrame) -> list[dict[str, Any]]:
+    """A frame as JSON-ready row objects (binary as base64, timestamps as ISO text)."""
+    return json.loads(json_bytes(table)) if table.height else []
 
 
 def token_table(segments: list[dict[str, Any]]) -> pa.Table:
@@ -197,9 +226,8 @@ def token_table(segments: list[dict[str, Any]]) -> pa.Table:
     return pa.table(columns)
 
 
-def download(table: pa.Table, name: str, format: Format) -> Response:
-    """A table as a CSV or Parquet file to save."""
-    frame = pl.from_arrow(table)
+def download(frame: pl.DataFrame, name: str, format: Format) -> Response:
+    """A frame as a CSV or Parquet file to save."""
     if format is Format.csv:
         body, media = csv_text(frame).encode(), "text/csv"
     else:
