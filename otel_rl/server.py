@@ -206,9 +206,15 @@ def create_app(settings: ServeSettings):  # noqa: ANN201 - FastAPI, imported laz
         except PermissionError:  # Unauthorized, Forbidden
             return {"status": "ok"}
         # `writes`: why the store refuses writes now (a full disk), else null; `normalized`: how far the
-        # normalized tables are behind the raw ones, and why rounds fail (else null)
+        # normalized tables are behind the raw ones (commits, and how long the oldest has waited), and why
+        # rounds fail (else null)
         normalizer = store.normalizer
-        normalized = {"through": normalizer.through, "lag": normalizer.lag, "failure": normalizer.failure}
+        normalized = {
+            "through": normalizer.through,
+            "lag": normalizer.lag,
+            "lag_seconds": round(normalizer.lag_seconds, 3),
+            "failure": normalizer.failure,
+        }
         return {
             "status": "ok",
             "db": str(store.path),
@@ -279,6 +285,7 @@ def uvicorn_server(config, *, on_exit):  # noqa: ANN001, ANN202 - uvicorn is imp
             super().handle_exit(sig, frame)
 
     return Server(config)
+
 
 def serve_until_interrupted(db: Path, *, tokenizer: Path | None, console: "Console") -> None:
     """An app over a finished run's store `db` (the end of `otel-rl demo`) on a free loopback port (no gRPC,

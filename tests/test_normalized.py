@@ -5,17 +5,22 @@ random groups and normalized in random rounds. Late data (a parent after its chi
 reward after its spans) happens in every order."""
 
 import random
+import re
 import shutil
+import threading
 import time
 from concurrent.futures import wait
 from pathlib import Path
 
+import httpx
 import pytest
 from from_scratch import differences
+from gateway_server import GatewayServer
 from google.protobuf.message import Message
 from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsServiceRequest
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from otel_fixtures import CLI_CAPTURES, captured_requests, framework_captures, requests_under
+from prometheus_client.parser import text_string_to_metric_families
 from rollout_traffic import rollout_requests
 
 from otel_rl.collector.ingest import logs_batch, traces_batch
@@ -127,7 +132,7 @@ def test_a_read_after_a_commit_waits_for_that_commit_only(tmp_path) -> None:
             store.submit(traces_batch(later, "admin")).result()
             assert store.normalizer.lag == 1
             read = store.user_query("SELECT rollout_id FROM rollouts", timeout_s=5, after_commit=seen).run()
-            with pytest.raises(NotNormalized, match="1 commits behind"):
+            with pytest.raises(NotNormalized, match=r"1 commits \([\d.]+ s\) behind"):
                 store.user_query("SELECT rollout_id FROM rollouts", timeout_s=0.5).run()
             with pytest.raises(ValueError, match="the store's last commit is"):
                 store.user_query("SELECT 1", after_commit=store.seen_through() + 1)
@@ -135,3 +140,78 @@ def test_a_read_after_a_commit_waits_for_that_commit_only(tmp_path) -> None:
         both = store.query_arrow("SELECT rollout_id FROM rollouts ORDER BY 1")["rollout_id"].to_pylist()
 
     assert read["rollout_id"].to_pylist() == ["r-0"] and both == ["r-0", "r-1"]
+
+
+def test_a_read_during_a_backlog_waits_within_its_time_limit_for_the_commit_it_needs(tmp_path) -> None:
+    with Store(tmp_path / "store.duckdb") as store:
+        spans, reward = rollout_requests("r-0", time.time_ns())
+        pause = store.normalizer.paused()
+        with pause:  # a backlog: no round runs until the pause ends
+            wait(
+                [store.submit(traces_batch(spans, "admin")), store.submit(logs_batch(store, reward, "admin"))]
+            )
+            assert store.normalizer.lag >= 1 and store.normalizer.behind_since is not None
+            threading.Timer(0.5, pause.release).start()
+            started = time.monotonic()
+            read = store.user_query("SELECT rollout_id FROM rollouts", timeout_s=60).run()
+            waited = time.monotonic() - started
+            pause.acquire()  # released by the timer: held again for the block's exit
+        assert read["rollout_id"].to_pylist() == ["r-0"] and waited >= 0.5
+        assert store.normalizer.lag == 0 and store.normalizer.lag_seconds == 0
+
+
+def normalizer_metrics(server: GatewayServer) -> dict[str, float]:
+    text = httpx.get(f"{server.base_url}/metrics", headers=server.admin, timeout=10).text
+    return {
+        sample.name: sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+        if sample.name.startswith("otel_rl_store_normalize_lag_")
+    }
+
+
+def test_past_its_time_limit_a_query_says_how_far_behind_the_tables_are_and_since_when(tmp_path) -> None:
+    db = tmp_path / "store.duckdb"
+    with GatewayServer(db, vllm=["http://127.0.0.1:9"], query_timeout_s=1.0) as server:
+        spans, reward = rollout_requests("r-0", time.time_ns())
+        otlp = {**server.admin, "Content-Type": "application/x-protobuf"}
+        sent = httpx.post(f"{server.base_url}/v1/traces", content=spans.SerializeToString(), headers=otlp)
+        assert sent.status_code == 200, sent.text
+        server.store.wait_normalized(timeout_s=60)
+        assert normalizer_metrics(server) == {
+            "otel_rl_store_normalize_lag_commits": 0,
+            "otel_rl_store_normalize_lag_seconds": 0,
+        }
+        with server.store.normalizer.paused():  # a backlog: the reward's commit waits
+            before = time.time()
+            sent = httpx.post(f"{server.base_url}/v1/logs", content=reward.SerializeToString(), headers=otlp)
+            assert sent.status_code == 200, sent.text
+            time.sleep(1.5)
+            lag = normalizer_metrics(server)
+            health = httpx.get(f"{server.base_url}/healthz", headers=server.admin, timeout=10).json()
+            answer = httpx.post(
+                f"{server.base_url}/v1/query", json={"sql": "SELECT * FROM rewards"}, headers=server.admin
+            )
+        server.store.wait_normalized(timeout_s=60)
+        caught_up = normalizer_metrics(server)
+        rewards = httpx.post(
+            f"{server.base_url}/v1/query", json={"sql": "SELECT * FROM rewards"}, headers=server.admin
+        )
+
+    assert lag["otel_rl_store_normalize_lag_commits"] == 1
+    assert 1.5 <= lag["otel_rl_store_normalize_lag_seconds"] < 60
+    assert health["normalized"]["lag"] == 1 and health["normalized"]["lag_seconds"] >= 1.5
+    assert answer.status_code == 503
+    detail = answer.json()["detail"]
+    match = re.search(
+        r"waited 1\.0 s for commit \d+: the normalized tables are 1 commits \(([\d.]+) s\) behind the raw"
+        r" tables, since (\d\d:\d\d:\d\d) UTC",
+        detail,
+    )
+    assert match, detail
+    assert float(match[1]) >= 2.0  # the query waited its 1 s limit after the 1.5 s pause
+    hours, minutes, seconds = (int(part) for part in match[2].split(":"))
+    made = (hours * 3600 + minutes * 60 + seconds - int(before) % 86400) % 86400
+    assert made <= 5, detail  # when the reward's commit was made, to the second
+    assert caught_up["otel_rl_store_normalize_lag_seconds"] == 0
+    assert rewards.status_code == 200

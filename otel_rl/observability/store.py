@@ -61,6 +61,11 @@ class StoreMetrics(Collector):
             "Commits written but not in the normalized tables yet (queries of them wait for it).",
             value=normalizer.lag,
         )
+        yield GaugeMetricFamily(
+            "otel_rl_store_normalize_lag_seconds",
+            "How long the oldest commit not in the normalized tables yet has waited for them (0: caught up).",
+            value=normalizer.lag_seconds,
+        )
         yield CounterMetricFamily(
             "otel_rl_store_normalized_rows",
             "Raw rows normalized (with their scopes' earlier rows).",

@@ -8,6 +8,7 @@ import logging
 import os
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
 from datetime import UTC, datetime
 
@@ -29,6 +30,9 @@ RETRY_AFTER_S = 1.0  # after a round failed for the storage's sake (a full disk)
 MAX_GAP_S = 1.0
 NICE = 10  # the background thread's scheduling priority (Linux nice value: higher is lower)
 PREEMPT_POLL_S = 0.05  # a reader interrupts a background round again this often until it has stopped
+# Commits made within this long of each other share one entry of the record of when commits were made (the
+# lag in seconds is that much coarse at most, and the record holds one entry per stretch, not per commit).
+COMMIT_TIME_GRAIN_S = 0.05
 Cursor = Callable[[], tuple[duckdb.DuckDBPyConnection, int]]  # a new cursor of the store, and its generation
 
 
@@ -73,6 +77,11 @@ class Normalizer:
         self.rounds = 0
         self.rows = 0  # raw rows the rounds read (a scope's earlier rows again each time it grows)
         self.round_observers: list[Callable[[Round], None]] = []
+        # (first commit of a stretch, when it was made: Unix time) of the commits not normalized yet; those
+        # pending at open are dated by the open (when they were made is not recorded).
+        self._made: deque[tuple[int, float]] = deque()
+        if self._through < committed:
+            self._made.append((self._through + 1, time.time()))
         self._skipped = self._read_skipped()
         self._thread = threading.Thread(target=self._run, name="otel-rl-normalizer", daemon=True)
         self._thread.start()
@@ -92,9 +101,41 @@ class Normalizer:
         """Commits written but not normalized yet."""
         return max(0, self._committed - self._through)
 
+    @property
+    def behind_since(self) -> float | None:
+        """When the oldest commit not normalized yet was made (Unix time); None when caught up."""
+        with self._wake:
+            return self._made[0][1] if self._made and self.lag else None
+
+    @property
+    def lag_seconds(self) -> float:
+        """How long the oldest commit not normalized yet has waited (0 when caught up)."""
+        since = self.behind_since
+        return 0.0 if since is None else max(0.0, time.time() - since)
+
+    def behind(self) -> str:
+        """How far behind the normalized tables are, since when, and how fast rounds go: a reader's answer
+        when it could not wait long enough."""
+        lag, since, last = self.lag, self.behind_since, self.last_round
+        if since is None:
+            return "the normalized tables have caught up"
+        at = datetime.fromtimestamp(since, UTC).strftime("%H:%M:%S")
+        text = f"the normalized tables are {lag} commits ({time.time() - since:.1f} s) behind the raw tables"
+        text += f", since {at} UTC"
+        if self.failure:
+            return f"{text} ({self.failure})"
+        if last is not None and last.seconds > 0 and last.commits > 0:
+            rate = last.commits / last.seconds
+            text += f"; they normalize about {rate:.0f} commits/s: retry in about {lag / rate:.0f} s"
+        return text
+
     def committed(self, seq: int) -> None:
         """The writer committed `seq`: normalize it soon."""
         with self._wake:
+            if seq > self._committed and self._maintains:
+                now = time.time()
+                if not self._made or now - self._made[-1][1] >= COMMIT_TIME_GRAIN_S:
+                    self._made.append((self._committed + 1, now))
             self._committed = max(self._committed, seq)
             if not self._maintains:
                 self._through = self._committed
@@ -116,7 +157,7 @@ class Normalizer:
                     return False
                 if not self._broken and self._in_round.acquire(blocking=False):
                     try:
-                        self._round_here(deadline)
+                        self._round_here(deadline, seq)
                     finally:
                         self._in_round.release()
                     continue
@@ -174,13 +215,15 @@ class Normalizer:
         with self._in_round:
             self._round_on_cursor(preemptible=True)
 
-    def _round_here(self, deadline: float | None) -> None:
-        """A round on a waiting reader's thread (the round lock held), stopped at the reader's deadline (its
-        query's limit holds however much there is to normalize); a failure is recorded, not raised."""
+    def _round_here(self, deadline: float | None, seq: int) -> None:
+        """A round on a waiting reader's thread (the round lock held) up to the commit `seq` it needs (not
+        the ones made since: the online loop's reads need only what their status poll saw), stopped at the
+        reader's deadline (its query's limit holds however much there is to normalize); a failure is
+        recorded, not raised."""
         if self._committed <= self._through:
             return
         try:
-            self._round_on_cursor(preemptible=False, deadline=deadline)
+            self._round_on_cursor(preemptible=False, deadline=deadline, upto=seq)
         except duckdb.InterruptException:
             return  # past the reader's deadline: the next reader or the background thread goes on
         except Exception as exc:
@@ -192,7 +235,9 @@ class Normalizer:
             with contextlib.suppress(duckdb.Error):  # it ended meanwhile
                 running.interrupt()
 
-    def _round_on_cursor(self, *, preemptible: bool, deadline: float | None = None) -> None:
+    def _round_on_cursor(
+        self, *, preemptible: bool, deadline: float | None = None, upto: int | None = None
+    ) -> None:
         con, generation = self._cursor()
         watch_ended = threading.Event()
         watch = threading.Thread(target=_interrupt_at, args=(con, deadline, watch_ended), daemon=True)
@@ -205,7 +250,7 @@ class Normalizer:
             if deadline is not None:
                 watch.start()
             since = self._through
-            until = self._round_end(con, since)
+            until = self._round_end(con, since, self._committed if upto is None else upto)
             try:
                 done = self._normalize(con, since, until)
             except (duckdb.Error, NormalizeError) as exc:
@@ -250,10 +295,10 @@ class Normalizer:
             con, self._fills, since=since, until=until, skipped=self._skipped, fingerprint=self._fingerprint
         )
 
-    def _round_end(self, con: duckdb.DuckDBPyConnection, since: int) -> int:
-        """The last commit of the next round: every commit made, or fewer when they hold over ROUND_ROWS
-        rows (in the store or, when the store normalizes everything again, in its archive)."""
-        committed = self._committed
+    def _round_end(self, con: duckdb.DuckDBPyConnection, since: int, upto: int) -> int:
+        """The last commit of the next round: every commit made up to `upto`, or fewer when they hold over
+        ROUND_ROWS rows (in the store or, when the store normalizes everything again, in its archive)."""
+        committed = max(since + 1, min(upto, self._committed))
         commits = range(since + 1, committed + 1)
         raw = RawRows(con)
         sizes = con.execute(
@@ -278,6 +323,10 @@ class Normalizer:
         self.rows += done.rows
         with self._wake:
             self._through = done.through
+            while len(self._made) > 1 and self._made[1][0] <= done.through + 1:
+                self._made.popleft()  # the stretch of the oldest pending commit is the first one kept
+            if self.lag == 0:
+                self._made.clear()
             self._wake.notify_all()
         for observe in self.round_observers:
             observe(done)

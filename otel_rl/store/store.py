@@ -235,12 +235,9 @@ class Store:
         """Block until the normalized tables include every commit made so far (or commit `after_commit`);
         NotNormalized after `timeout_s` (NORMALIZED_WAIT_S when None)."""
         target = self._writer.last_commit_seq if after_commit is None else after_commit
-        if not self._normalizer.wait_for(target, NORMALIZED_WAIT_S if timeout_s is None else timeout_s):
-            failure = self._normalizer.failure
-            raise NotNormalized(
-                f"the normalized tables are {self._normalizer.lag} commits behind the raw tables"
-                + (f" ({failure})" if failure else "; retry shortly")
-            )
+        timeout_s = NORMALIZED_WAIT_S if timeout_s is None else timeout_s
+        if not self._normalizer.wait_for(target, timeout_s):
+            raise NotNormalized(f"waited {timeout_s:.1f} s for commit {target}: {self._normalizer.behind()}")
 
     # ---------------------------------------------------------------- archive and retention
 
