@@ -26,6 +26,7 @@ from pathlib import Path
 
 import httpx
 import numpy as np
+import polars as pl
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
 from opentelemetry.proto.trace.v1.trace_pb2 import Span
@@ -35,7 +36,8 @@ from otel_rl_server import ServerProcess  # noqa: E402 - the tests' real-server 
 
 from otel_rl import attributes as attr  # noqa: E402
 from otel_rl.collector.rewards import RewardIn, reward_log_request  # noqa: E402
-from otel_rl.train.groups import attempt_progress_sql, read_groups  # noqa: E402
+from otel_rl.store import reads  # noqa: E402
+from otel_rl.train.groups import read_groups  # noqa: E402
 from otel_rl.train.server_client import ServerClient  # noqa: E402
 from otel_rl.transforms.samples import SampleOptions, build_samples  # noqa: E402
 
@@ -167,11 +169,21 @@ def timed_step(
     attempts = sorted(r.identity[attr.ATTEMPT_ID] for r in rollouts)
     since = min(r.start_ns for r in rollouts) - 5 * 10**9
     started = time.perf_counter()
-    _, seen = client.query_seen(attempt_progress_sql(attempts, since))
+    seen_through: list[int] = []
+
+    def poll(sql: str, params: reads.Params | None) -> pl.DataFrame:
+        frame, through = client.query_seen(sql, params)
+        seen_through.append(through)
+        return frame
+
+    reads.attempt_progress(poll, attempts, since)  # as await_in_store polls
+    seen = seen_through[0]
     polled = time.perf_counter()
     client.query("SELECT 1 FROM llm_calls LIMIT 0", after_commit=seen)  # as group_samples waits
     waited = time.perf_counter()
-    calls, found, rewards = read_groups(lambda sql: client.query(sql, after_commit=seen), groups, since)
+    calls, found, rewards = read_groups(
+        lambda sql, params: client.query(sql, params, after_commit=seen), groups, since
+    )
     read = time.perf_counter()
     if warm_up:  # the first build imports the advantage estimators (seconds): no step's cost
         build_samples(calls, found, rewards, options=options)
