@@ -28,8 +28,8 @@ from otel_rl_server import ServerProcess  # noqa: E402 - the tests' real-server 
 from test_ui_api import emit_rollout  # noqa: E402 - a gateway-recorded two-call rollout
 from test_ui_pages import chromium, with_page  # noqa: E402 - the DevTools driver
 
+from otel_rl.store import reads  # noqa: E402
 from otel_rl.store.connection import connect  # noqa: E402
-from otel_rl.ui import queries  # noqa: E402
 from otel_rl.ui.inspector import Tokenizer, rollout_samples  # noqa: E402
 
 PREFIX = "bench-"  # every rollout and group id starts so: a copy renames them all by one replace
@@ -50,12 +50,18 @@ def multiply(db: Path, target_calls: int) -> int:
     while 0 < calls < target_calls:
         factor = min(16, -(-target_calls // calls))
         renamed = f"replace(attributes::VARCHAR, '{PREFIX}', '{PREFIX}' || copy::VARCHAR || '.')::JSON"
+        # the identity columns the collector resolved at ingest, renamed as the attributes are
+        identity = ", ".join(
+            f"replace({column}, '{PREFIX}', '{PREFIX}' || copy::VARCHAR || '.') AS {column}"
+            for column in ("rollout_id", "attempt_id", "group_id", "task_id")
+        )
         # Each copy as commits after every stored one: the server normalizes them when it opens the store.
         (last,) = con.execute("SELECT max(commit_seq) FROM spans").fetchone()
         commit = f"commit_seq + copy * {last} AS commit_seq"
         con.execute(
             "INSERT INTO spans SELECT spans.* REPLACE (md5(trace_id || copy::VARCHAR)[:32] AS trace_id,"
-            f" {renamed} AS attributes, start_time_unix_nano + copy * 1000000000 AS start_time_unix_nano,"
+            f" {renamed} AS attributes, {identity},"
+            " start_time_unix_nano + copy * 1000000000 AS start_time_unix_nano,"
             f" end_time_unix_nano + copy * 1000000000 AS end_time_unix_nano, {commit})"
             f" FROM spans, range(1, {factor}) AS copies(copy)"
         )
@@ -108,14 +114,14 @@ def floors(db: Path, rollout_id: str) -> tuple[float, float]:
     con = connect(db, read_only=True)
     spent = 0.0
 
-    def timed(sql: str) -> pl.DataFrame:
+    def timed(sql: str, params: list | dict | None = None) -> pl.DataFrame:
         nonlocal spent
         start = time.perf_counter()
-        table = con.sql(sql).to_arrow_table()
+        table = con.sql(sql, params=params).to_arrow_table()
         spent += time.perf_counter() - start
         return pl.from_arrow(table)
 
-    rollouts_s = best_of(3, lambda: timed(queries.rollouts_sql(queries.RolloutFilter())))
+    rollouts_s = best_of(3, lambda: reads.rollouts_page(timed))
     inspector = []
     for _ in range(3):
         spent = 0.0

@@ -17,6 +17,7 @@ from otel_fixtures import captured_requests
 
 from otel_rl.collector.flatten import logs_to_tables, traces_to_tables
 from otel_rl.collector.metrics import metrics_to_tables
+from otel_rl.store.identity import rollout_key_identity
 from otel_rl.store.layout import LAYOUTS, RAW_TABLES
 
 NOW = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
@@ -198,3 +199,66 @@ def test_the_same_log_record_gets_the_same_content_key_and_a_different_one_anoth
     assert first.column("content_key").to_pylist() == again.column("content_key").to_pylist()
     assert len(set(first.column("content_key").to_pylist())) == 2
     assert first.column("seq").to_pylist() == [10, 11]
+
+
+IDENTITY = ("rollout_id", "attempt_id", "group_id", "task_id", "split")
+
+
+def identity_rows(tables: dict[str, pa.Table], table: str) -> list[tuple]:
+    return [tuple(row[c] for c in IDENTITY) for row in tables[table].select(list(IDENTITY)).to_pylist()]
+
+
+def resource_request(request, resource: dict) -> object:  # noqa: ANN001 - any export request
+    """`request` with `resource` as the resource attributes of its first resource."""
+    target = getattr(request, request.DESCRIPTOR.fields[0].name)[0].resource.attributes
+    for key, value in resource.items():
+        target.add(key=key).value.string_value = value
+    return request
+
+
+def test_identity_columns_take_the_records_attribute_then_its_resources() -> None:
+    request = resource_request(
+        sdk_request(
+            ("own", {"otel_rl.rollout.id": "r-span", "otel_rl.split": "val"}),
+            ("unlabelled", {"gen_ai.operation.name": "chat"}),
+        ),
+        {"otel_rl.rollout.id": "r-resource", "otel_rl.group.id": "g-resource", "otel_rl.split": "train"},
+    )
+    assert identity_rows(traces_to_tables(request, NOW, "admin"), "spans") == [
+        ("r-span", None, "g-resource", None, "val"),
+        ("r-resource", None, "g-resource", None, "train"),
+    ]
+    logs = ExportLogsServiceRequest()
+    records = logs.resource_logs.add().scope_logs.add().log_records
+    records.add().attributes.add(key="otel_rl.attempt.id").value.string_value = "a-record"
+    records.add().attributes.add(key="otel_rl.attempt.id").value.int_value = 7  # not text: no identity
+    logs = resource_request(logs, {"otel_rl.rollout.id": "r-resource"})
+    assert identity_rows(logs_to_tables(logs, NOW, 0, "admin"), "logs") == [
+        ("r-resource", "a-record", None, None, None),
+        ("r-resource", None, None, None, None),
+    ]
+    metrics = ExportMetricsServiceRequest()
+    metric = metrics.resource_metrics.add().scope_metrics.add().metrics.add(name="m")
+    metric.gauge.data_points.add(as_double=1.0).attributes.add(key="otel_rl.task.id").value.string_value = "t"
+    assert identity_rows(metrics_to_tables(metrics, NOW, "admin"), "metric_points") == [
+        (None, None, None, "t", None)
+    ]
+
+
+def test_a_rollout_keys_identity_wins_over_what_its_records_claim() -> None:
+    """What reaches the flattener from a rollout key carries the key's identity, whatever a record (or its
+    resource) says: the key's rollout and attempt; what the key was not issued with, the record says."""
+    key = rollout_key_identity("r-key", {"otel_rl.attempt.id": "a-key"})
+    request = resource_request(
+        sdk_request(
+            ("claims another", {"otel_rl.rollout.id": "r-victim", "otel_rl.group.id": "g-own"}),
+            ("says nothing", {}),
+        ),
+        {"otel_rl.attempt.id": "a-victim", "otel_rl.split": "val"},
+    )
+    tables = traces_to_tables(request, NOW, "rollout", key)
+    assert identity_rows(tables, "spans") == [
+        ("r-key", "a-key", "g-own", None, "val"),
+        ("r-key", "a-key", None, None, "val"),
+    ]
+    assert tables["spans"]["sender"].to_pylist() == ["rollout", "rollout"]

@@ -1,5 +1,6 @@
-"""The gateway writes each call's span as store rows directly: they must equal what the collector makes of the
-same span exported over OTLP by the OpenTelemetry SDK (the path it replaces), byte for byte."""
+"""The gateway hands each call's span to the collector's flattener as the server's own: its rows must equal
+what the collector makes of the same span exported over OTLP by the OpenTelemetry SDK (as a harness sends
+it), byte for byte, identity columns included."""
 
 from concurrent.futures import Future
 
@@ -9,6 +10,8 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from otel_rl.attributes import GATEWAY_SCOPE
+from otel_rl.auth import ADMIN, Principal
+from otel_rl.collector.export import sender_of
 from otel_rl.collector.flatten import traces_to_tables
 from otel_rl.gateway.attribution import trace_parent
 from otel_rl.gateway.export import gateway_tracer_provider
@@ -16,6 +19,7 @@ from otel_rl.gateway.outputs import CallOutput, ChoiceOutput, ToolCallOutput
 from otel_rl.gateway.recording import CallRecord, record_call
 from otel_rl.gateway.span_rows import CallSpanWriter
 from otel_rl.gateway.upstream import upstream_body
+from otel_rl.store.layout import SPANS
 
 TRACEPARENT = {
     "traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01",
@@ -66,7 +70,7 @@ def stored(batch: dict[str, pa.Table], batches: list, *, dedup: bool) -> Future:
     return future
 
 
-def test_rows_written_directly_equal_the_collectors_rows_of_the_sdk_span():
+def test_the_gateways_rows_are_the_collectors_rows_of_the_sdk_span():
     batches = []
     forwarded = InMemorySpanExporter()
     provider = gateway_tracer_provider(
@@ -102,3 +106,16 @@ def test_rows_written_directly_equal_the_collectors_rows_of_the_sdk_span():
     assert rows(written)["spans"].drop_columns(ids) == via_sdk["spans"].drop_columns(ids)
     assert rows(written)["spans"]["trace_id"][0] == via_sdk["spans"]["trace_id"][0]  # the caller's trace
     assert rows(written)["call_tokens"].drop_columns(ids) == via_sdk["call_tokens"].drop_columns(ids)
+
+    # One layout and one identity rule: the call's identity in the identity columns, the server as the sender.
+    spans = written["spans"]
+    assert spans.schema == SPANS.schema
+    assert spans.select(["rollout_id", "split"]).to_pylist()[0] == {"rollout_id": "r1", "split": "train"}
+    assert set(spans["sender"].to_pylist()) == set(written["call_tokens"]["sender"].to_pylist()) == {"server"}
+
+
+def test_a_network_export_is_never_the_servers() -> None:
+    """Only the in-process writer marks rows as the server's: an export over the network is the admin's or a
+    rollout key's, whatever it holds (the collector sets the sender from the credential)."""
+    assert sender_of(ADMIN) == "admin"
+    assert sender_of(Principal(admin=False, rollout_id="r1", identity={})) == "rollout"

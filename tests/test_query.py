@@ -180,7 +180,8 @@ def test_otel_rl_sql_normalizes_what_a_stopped_server_left_before_reading_the_fi
     con = duckdb.connect(str(db))
     con.execute(
         "INSERT INTO spans SELECT * REPLACE (replace(attributes::VARCHAR, 'r-0', 'r-1')::JSON AS attributes,"
-        " md5(trace_id) AS trace_id, commit_seq + 100 AS commit_seq) FROM spans"
+        " replace(rollout_id, 'r-0', 'r-1') AS rollout_id, md5(trace_id) AS trace_id,"
+        " commit_seq + 100 AS commit_seq) FROM spans"
     )
     con.close()
 

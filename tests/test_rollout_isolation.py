@@ -280,12 +280,7 @@ def test_a_rollout_key_cannot_name_another_rollout_anywhere(otel_rl_server, vict
         assert reason in partial.error_message, (case, partial.error_message)
 
     assert victim_rows(otel_rl_server, victim["rollout_id"]) == victim["before"]
-    assert (
-        otel_rl_server.scalar(
-            f"SELECT count(*) FROM spans WHERE resource_attributes->>'{attr.ROLLOUT_ID}' = '{own}'"
-        )
-        == 0
-    )
+    assert otel_rl_server.scalar(f"SELECT count(*) FROM spans WHERE rollout_id = '{own}'") == 0
 
 
 @pytest.mark.parametrize("transport", TRANSPORTS)

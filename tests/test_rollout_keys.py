@@ -132,11 +132,8 @@ def test_revocations_and_attempts_survive_a_restart(tmp_path) -> None:
         assert "superseded by attempt attempt-2" in export_spans(server, old_key, "rollout-r").text
         assert "revoked by the admin" in export_spans(server, gone_key, "rollout-g").text
         assert export_spans(server, new_key, "rollout-r").status_code == 200
-        stamped = server.sql(
-            "SELECT DISTINCT resource_attributes->>'otel_rl.attempt.id' FROM spans"
-            " WHERE resource_attributes->>'otel_rl.rollout.id' = 'rollout-r'"
-        )
-        assert stamped.column(0).to_pylist() == ["attempt-2"]  # the key's attempt, restored from the store
+        attributed = server.sql("SELECT DISTINCT attempt_id FROM spans WHERE rollout_id = 'rollout-r'")
+        assert attributed.column(0).to_pylist() == ["attempt-2"]  # the key's attempt, restored from the store
     finally:
         server.stop()
 

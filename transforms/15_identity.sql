@@ -1,50 +1,31 @@
--- Rollout identity of every span (ARCHITECTURE.md "Rollout identity"): the span's own attributes (set on the
--- rollout's root span and copied from W3C baggage onto its descendants), else its resource attributes
--- (OTEL_RESOURCE_ATTRIBUTES, the zero-code path), else its trace's rollout, for spans of libraries that do not
--- copy baggage (e.g. a gateway continuing the trace). A trace's rollout is the one its spans name when they
--- name exactly one: a span of another rollout placed in the trace must not take the trace's other spans into
--- its rollout. The other keys missing on a span come from the earliest span of the same trace and rollout,
--- never from another rollout's. (Records sent with a rollout key always name its rollout: the collector
--- stamps them, so they are never placed by their trace.)
-CREATE OR REPLACE MACRO identity_of(attributes) AS from_json(attributes, '{
-    "otel_rl.rollout.id": "VARCHAR", "otel_rl.attempt.id": "VARCHAR", "otel_rl.group.id": "VARCHAR",
-    "otel_rl.task.id": "VARCHAR", "otel_rl.split": "VARCHAR"}');
+-- Rollout identity of every span (ARCHITECTURE.md "Rollout identity"). The collector resolves it once, at
+-- ingest, into the raw tables' identity columns (rollout_id, attempt_id, group_id, task_id, split: a rollout
+-- key's own, else the record's attribute, else its resource's; otel_rl/store/identity.py). The views add one
+-- rule, inheritance within a trace: a span that names no rollout (a library that does not copy baggage, e.g.
+-- a gateway continuing the trace) takes its trace's rollout when the trace's spans name exactly one (a span of
+-- another rollout placed in the trace must not take the trace's other spans into its rollout), and the other
+-- keys a span lacks come from the earliest span of the same trace and rollout, never from another rollout's.
+-- (Records sent with a rollout key always name its rollout: they are never placed by their trace.)
+CREATE OR REPLACE VIEW trace_rollouts AS
+SELECT trace_id, any_value(rollout_id) AS rollout_id
+FROM spans
+WHERE rollout_id IS NOT NULL
+GROUP BY trace_id
+HAVING count(DISTINCT rollout_id) = 1;
 
 CREATE OR REPLACE VIEW span_identity AS
-WITH parsed AS (
-    -- one parse per document for the five keys (each `->>` would parse the whole document again), and
-    -- none for documents without an otel_rl key (a text test is much cheaper than a parse)
+WITH placed AS (
     SELECT
-        trace_id,
-        span_id,
-        start_time_unix_nano,
-        CASE WHEN contains(attributes::VARCHAR, '"otel_rl.') THEN identity_of(attributes) END AS a,
-        CASE WHEN contains(resource_attributes::VARCHAR, '"otel_rl.')
-             THEN identity_of(resource_attributes) END AS r
-    FROM spans
-),
-own AS (
-    SELECT
-        trace_id,
-        span_id,
-        start_time_unix_nano,
-        coalesce(a."otel_rl.rollout.id", r."otel_rl.rollout.id") AS rollout_id,
-        coalesce(a."otel_rl.attempt.id", r."otel_rl.attempt.id") AS attempt_id,
-        coalesce(a."otel_rl.group.id", r."otel_rl.group.id") AS group_id,
-        coalesce(a."otel_rl.task.id", r."otel_rl.task.id") AS task_id,
-        coalesce(a."otel_rl.split", r."otel_rl.split") AS split
-    FROM parsed
-),
-trace_rollout AS (
-    SELECT trace_id, CASE WHEN count(DISTINCT rollout_id) = 1 THEN any_value(rollout_id) END AS rollout_id
-    FROM own
-    WHERE rollout_id IS NOT NULL
-    GROUP BY trace_id
-),
-placed AS (
-    SELECT own.* REPLACE (coalesce(own.rollout_id, t.rollout_id) AS rollout_id)
-    FROM own
-    LEFT JOIN trace_rollout t USING (trace_id)
+        s.trace_id,
+        s.span_id,
+        s.start_time_unix_nano,
+        coalesce(s.rollout_id, t.rollout_id) AS rollout_id,
+        s.attempt_id,
+        s.group_id,
+        s.task_id,
+        s.split
+    FROM spans s
+    LEFT JOIN trace_rollouts t USING (trace_id)
 ),
 per_rollout AS (
     SELECT

@@ -119,7 +119,7 @@ SELECT
     coalesce(attributes ->> 'call_id', attributes ->> 'tool_use_id') AS tool_call_id,
     coalesce(attributes ->> 'arguments', attributes ->> 'tool_input') AS arguments,
     attributes ->> 'output' AS result,
-    coalesce(attributes ->> 'otel_rl.rollout.id', resource_attributes ->> 'otel_rl.rollout.id') AS rollout_id,
+    rollout_id,
     ns_time(coalesce(nullif(time_unix_nano, 0), observed_time_unix_nano)) AS time
 FROM logs
 -- a text test first: only tool-result records have their attributes read

@@ -5,7 +5,7 @@
 -- them; rollouts reads the outcome records through the same fields.
 CREATE OR REPLACE VIEW reward_records AS
 WITH span_events AS (
-    SELECT s.trace_id, s.span_id, s.received_at, e.event
+    SELECT s.trace_id, s.span_id, s.rollout_id, s.received_at, e.event
     FROM spans s, unnest(json_extract(s.events, '$[*]')) AS e(event)
     -- a cheap text test first, so that only spans carrying the event have their events parsed
     WHERE contains(s.events::VARCHAR, 'gen_ai.evaluation.result')
@@ -13,10 +13,10 @@ WITH span_events AS (
 ),
 evaluations AS (
     SELECT
+        rollout_id,
         trace_id,
         span_id,
         json_extract(event, 'attributes') AS attributes,
-        NULL::JSON AS resource_attributes,
         ns_time(TRY_CAST(event ->> 'time_unix_nano' AS UBIGINT)) AS time,
         received_at,
         NULL::UBIGINT AS seq,
@@ -24,10 +24,10 @@ evaluations AS (
     FROM span_events
     UNION ALL
     SELECT
+        rollout_id,
         trace_id,
         span_id,
         attributes,
-        resource_attributes,
         ns_time(coalesce(nullif(time_unix_nano, 0), observed_time_unix_nano)) AS time,
         received_at,
         seq,
@@ -36,8 +36,9 @@ evaluations AS (
     WHERE event_name = 'gen_ai.evaluation.result'
 )
 SELECT
-    -- the record's own rollout id; else the rollout of its span or trace (placed by rewards)
-    coalesce(attributes ->> 'otel_rl.rollout.id', resource_attributes ->> 'otel_rl.rollout.id') AS rollout_id,
+    -- the record's rollout as resolved at ingest (a span event's: its span's); else its span's or trace's
+    -- (placed by rewards)
+    rollout_id,
     trace_id,
     span_id,
     attributes ->> 'gen_ai.evaluation.name' AS name,
@@ -58,11 +59,6 @@ FROM evaluations;
 
 CREATE OR REPLACE VIEW rewards AS
 WITH
--- Read twice below (a reward's span, else its trace) but computed once: each reference to a view computes it
--- again, and this one parses every span's attributes.
-identity AS MATERIALIZED (
-    SELECT trace_id, span_id, rollout_id FROM span_identity
-),
 -- Rewards on a client call span that a gateway row superseded belong to the gateway's llm_calls row.
 call_spans AS (
     SELECT trace_id, span_id, rollout_id,
@@ -70,15 +66,14 @@ call_spans AS (
            coalesce(gateway_call.span_id, span_id) AS call_span_id
     FROM llm_call_index
 ),
--- Placed: the record's own rollout id, else its span's, else its trace's when the trace has one rollout.
+-- Placed by the one inheritance rule (15_identity.sql): the record's own rollout, else its span's as placed,
+-- else its trace's when the trace names one rollout (a log record may name only its trace, or a span not
+-- stored yet).
 placed AS (
     SELECT r.* REPLACE (coalesce(r.rollout_id, i.rollout_id, t.rollout_id) AS rollout_id)
     FROM reward_records r
-    LEFT JOIN identity i ON i.trace_id = r.trace_id AND i.span_id = r.span_id
-    -- a log record may name only its trace (or a span not stored yet)
-    LEFT JOIN (SELECT trace_id, any_value(rollout_id) AS rollout_id FROM identity
-               WHERE rollout_id IS NOT NULL GROUP BY trace_id HAVING count(DISTINCT rollout_id) = 1)
-        t ON t.trace_id = r.trace_id
+    LEFT JOIN span_identity i ON i.trace_id = r.trace_id AND i.span_id = r.span_id
+    LEFT JOIN trace_rollouts t ON t.trace_id = r.trace_id
 )
 
 SELECT

@@ -72,22 +72,12 @@ calls AS (
     WHERE rollout_id IS NOT NULL AND gateway_call IS NULL  -- the rows of llm_calls
     GROUP BY rollout_id
 ),
--- The rewards view's outcome rows (40_rewards.sql places them the same way: the record's rollout id, else its
--- span's, else its trace's when the trace has one rollout; outcome when not on a call span of that rollout),
--- read from the relations above: the rewards view would compute span_identity and llm_call_index again.
--- The latest by the server's receive order, never by the sender's clock.
+-- The rewards view's outcome rows, placed there (40_rewards.sql). The latest by the server's receive order,
+-- never by the sender's clock.
 outcome_records AS MATERIALIZED (
-    SELECT r.rollout_id, r.source, r.value, {'received_at': r.received_at, 'seq': coalesce(r.seq, 0)} AS received
-    FROM (
-        SELECT r.* REPLACE (coalesce(r.rollout_id, i.rollout_id, t.rollout_id) AS rollout_id)
-        FROM reward_records r
-        LEFT JOIN rollout_spans i ON i.trace_id = r.trace_id AND i.span_id = r.span_id
-        LEFT JOIN (SELECT trace_id, any_value(rollout_id) AS rollout_id FROM rollout_spans GROUP BY trace_id
-                   HAVING count(DISTINCT rollout_id) = 1) t ON t.trace_id = r.trace_id
-        WHERE r.name = 'outcome'
-    ) r
-    ANTI JOIN call_index c ON c.trace_id = r.trace_id AND c.span_id = r.span_id
-        AND c.rollout_id IS NOT DISTINCT FROM r.rollout_id
+    SELECT rollout_id, source, value, {'received_at': received_at, 'seq': coalesce(seq, 0)} AS received
+    FROM rewards
+    WHERE name = 'outcome' AND level = 'outcome' AND rollout_id IS NOT NULL
 ),
 -- The reward training uses by default (its rule `last` over the trusted sources, otel_rl/transforms/
 -- rewards.py), and beside it the latest value of every source, the untrusted ones (a harness's self-report)

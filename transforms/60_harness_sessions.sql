@@ -9,8 +9,7 @@ WITH records AS (
         coalesce(attributes ->> 'event.name', body ->> '$') AS event_name,
         coalesce(attributes ->> 'conversation.id', attributes ->> 'session.id') AS session_id,
         attributes,
-        coalesce(attributes ->> 'otel_rl.rollout.id', resource_attributes ->> 'otel_rl.rollout.id')
-            AS rollout_id,
+        rollout_id,
         resource_attributes ->> 'service.name' AS service_name,
         scope_name,
         coalesce(nullif(time_unix_nano, 0), observed_time_unix_nano) AS time_ns

@@ -8,7 +8,7 @@ WITH graded AS (
     SELECT
         trace_id,
         span_id,
-        attributes ->> 'otel_rl.rollout.id' AS rollout_id,
+        rollout_id,
         json_extract_string(attributes, '$."otel_rl.grade.dropped_paths"[*]') AS paths
     FROM spans
     WHERE scope_name = 'otel_rl.controller' AND name = 'otel_rl.rollout' AND vouched(sender)

@@ -6,7 +6,7 @@
 
 CREATE OR REPLACE VIEW detect_network_denied AS
 WITH rollout_spans AS (
-    SELECT trace_id, span_id, attributes ->> 'otel_rl.rollout.id' AS rollout_id, events
+    SELECT trace_id, span_id, rollout_id, events
     FROM spans
     WHERE scope_name = 'otel_rl.controller' AND name = 'otel_rl.rollout' AND vouched(sender)
       -- a cheap text test first: only the spans of rollouts with denied attempts have their events read

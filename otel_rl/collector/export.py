@@ -24,6 +24,7 @@ from otel_rl.collector.decode import RESPONSE_TYPES, DecodeError, ExportRequest,
 from otel_rl.collector.ingest import logs_batch, metrics_batch, traces_batch
 from otel_rl.input_rules import id_problem
 from otel_rl.store import Store
+from otel_rl.store.identity import rollout_key_identity
 from otel_rl.store.layout import SENDER_ADMIN, SENDER_ROLLOUT, Sender
 from otel_rl.store.writer import Batch
 
@@ -56,7 +57,7 @@ def prepare_export(
     every row names the credential that sent it (`sender`), whatever the records say."""
     refused = refuse_records(signal, request, principal)
     try:
-        batch = _flatten(store, signal, request, sender_of(principal))
+        batch = _flatten(store, signal, request, principal)
     except ValueError as exc:  # e.g. a packed token attribute whose length is not a multiple of 4
         raise DecodeError(f"{signal} request has invalid content: {exc}") from None
     response = RESPONSE_TYPES[signal]()
@@ -76,12 +77,15 @@ def sender_of(principal: Principal) -> Sender:
     return SENDER_ADMIN if principal.admin else SENDER_ROLLOUT
 
 
-def _flatten(store: Store, signal: Signal, request: ExportRequest, sender: Sender) -> Batch:
+def _flatten(store: Store, signal: Signal, request: ExportRequest, principal: Principal) -> Batch:
+    """The rows of `request`, each naming its sender and, for a rollout key, that key's identity (which wins
+    over what a record says)."""
+    sender, key = sender_of(principal), rollout_key_identity(principal.rollout_id, principal.identity)
     if signal == "traces":
-        return traces_batch(request, sender)
+        return traces_batch(request, sender, key)
     if signal == "logs":
-        return logs_batch(store, request, sender)
-    return metrics_batch(request, sender)
+        return logs_batch(store, request, sender, key)
+    return metrics_batch(request, sender, key)
 
 
 def refuse_records(signal: Signal, request: ExportRequest, principal: Principal) -> Counter[str]:
@@ -91,7 +95,7 @@ def refuse_records(signal: Signal, request: ExportRequest, principal: Principal)
     A rollout key, which may only add data to its own rollout: any record or resource whose identity
     attributes (span, event, link, log record and data point attributes alike) are not strings, name another
     rollout, or give a key twice with different values. The records it keeps cannot be placed into another
-    rollout by the views' trace inheritance, as each resource is stamped with the key's rollout id; and
+    rollout by the views' trace inheritance, as their identity columns hold the key's (flatten.py); and
     their rewards are the harness's (`otel_rl.reward.source` rewritten), never a grader's.
     """
     refused: Counter[str] = Counter()
@@ -107,8 +111,6 @@ def refuse_records(signal: Signal, request: ExportRequest, principal: Principal)
             refused[f"resource: {problem}"] += len(records)
             del records[:]
             continue
-        if own is not None:
-            _stamp(resource, own)
         # The admin's records need a look only where they hold a reward: found with no call per record.
         suspects = records if own is not None else _with_rewards(signal, records)
         problems = [(record, check(record, own)) for record in suspects]
@@ -253,15 +255,6 @@ def _finite(value: AnyValue) -> bool:
         except ValueError:
             return False
     return False
-
-
-def _stamp(resource: Resource, own: Mapping[str, str]) -> None:
-    """Give the resource the key's identity where it has none, so that its records are never placed by
-    trace inheritance (and a harness started without its identity is attributed in full)."""
-    present = {kv.key for kv in resource.attributes}
-    for key, value in own.items():
-        if key not in present:
-            resource.attributes.add(key=key).value.string_value = value
 
 
 def _quote(text: str) -> str:

@@ -16,6 +16,7 @@ from opentelemetry.proto.resource.v1.resource_pb2 import Resource
 
 from otel_rl.collector.limits import MAX_VALUE_DEPTH, check_indexed_key
 from otel_rl.collector.packed import PackedTokens, call_tokens_table, take_packed
+from otel_rl.store.identity import NO_IDENTITY, Identity, identity_of, resolve
 from otel_rl.store.layout import LOGS, SPANS, Sender, rows_table
 
 SpanRow = SPANS.row
@@ -93,6 +94,35 @@ def kv_json(kvs: Iterable) -> bytes:
     return _dumps(kv_dict(kvs)) if kvs else _EMPTY_OBJECT
 
 
+def kv_json_identity(kvs: Iterable, key: Identity, resource: Identity) -> tuple[bytes, Identity]:
+    """A record's attributes as JSON, and its identity (`record_identity`)."""
+    if not kvs:
+        return _EMPTY_OBJECT, resource
+    attributes = kv_dict(kvs)
+    return _dumps(attributes), record_identity(attributes, key, resource)
+
+
+def record_identity(attributes: dict, key: Identity, resource: Identity) -> Identity:
+    """The identity columns of a record with `attributes`: the one rule of the raw tables' identity
+    (store/identity.py), applied as the record is flattened. `key` is its rollout key's identity and
+    `resource` its resource's already under the key's (`resource_json_identity`)."""
+    return own_identity(identity_of(attributes), key, resource)
+
+
+def own_identity(own: Identity, key: Identity, resource: Identity) -> Identity:
+    """The key's identity, else the record's `own`, else its resource's."""
+    return resource if own == NO_IDENTITY else resolve(key, resolve(own, resource))
+
+
+def resource_json_identity(resource: Resource, key: Identity) -> tuple[bytes, Identity]:
+    """A resource's attributes as JSON, and the identity of its records that name none of their own: the
+    key's, else the resource's."""
+    attributes = kv_dict(resource.attributes)
+    if not attributes:
+        return _EMPTY_OBJECT, key
+    return _dumps(attributes), resolve(key, identity_of(attributes))
+
+
 def hex_or_none(b: bytes) -> str | None:
     return b.hex() or None
 
@@ -129,9 +159,10 @@ def is_content_attribute(key: str) -> bool:
 
 def _span_attributes(
     kvs: Iterable, trace_id: str, span_id: str
-) -> tuple[bytes, bytes | None, PackedTokens | None]:
+) -> tuple[bytes, bytes | None, PackedTokens | None, Identity]:
     """Span attributes as JSON, then its content attributes as JSON (None without any), with packed
-    `otel_rl.*` token arrays taken out (the hot loop of ingest: every protobuf access here costs)."""
+    `otel_rl.*` token arrays taken out (the hot loop of ingest: every protobuf access here costs), and the
+    identity they give."""
     out = {}
     content = {}
     tokens = None
@@ -157,7 +188,8 @@ def _span_attributes(
             content[key] = value
         else:
             out[key] = value
-    return (_dumps(out) if out else _EMPTY_OBJECT), (_dumps(content) if content else None), tokens
+    own = identity_of(out) if out else NO_IDENTITY
+    return (_dumps(out) if out else _EMPTY_OBJECT), (_dumps(content) if content else None), tokens, own
 
 
 def _events_json(events: Iterable) -> bytes:
@@ -199,14 +231,15 @@ def _id_lengths(trace_id: bytes, span_id: bytes, parent_span_id: bytes = b"") ->
 
 
 def traces_to_tables(
-    req: ExportTraceServiceRequest, received_at: datetime, sender: Sender
+    req: ExportTraceServiceRequest, received_at: datetime, sender: Sender, key: Identity = NO_IDENTITY
 ) -> dict[str, pa.Table]:
-    """ExportTraceServiceRequest from `sender` -> {"spans": ..., "call_tokens": ...} Arrow tables."""
+    """ExportTraceServiceRequest from `sender` -> {"spans": ..., "call_tokens": ...} Arrow tables; `key`: the
+    identity of the rollout key that sent it, which its spans' identity columns take whatever they say."""
     rows: list[SpanRow] = []
     packed: list[PackedTokens] = []
     for rs in req.resource_spans:
         resource = rs.resource
-        r_attrs = kv_json(resource.attributes)
+        r_attrs, r_identity = resource_json_identity(resource, key)
         r_dropped = resource.dropped_attributes_count
         r_schema = rs.schema_url or None
         for ss in rs.scope_spans:
@@ -219,7 +252,7 @@ def traces_to_tables(
                 try:
                     if len(tid) != 32 or len(sid) != 16 or len(span.parent_span_id) not in (0, 8):
                         raise ValueError(_id_lengths(span.trace_id, span.span_id, span.parent_span_id))
-                    attrs_json, content_json, tokens = _span_attributes(span.attributes, tid, sid)
+                    attrs_json, content_json, tokens, own = _span_attributes(span.attributes, tid, sid)
                     events_json = _events_json(span.events) if span.events else _EMPTY_ARRAY
                     links_json = _links_json(span.links) if span.links else _EMPTY_ARRAY
                 except ValueError as exc:
@@ -233,6 +266,7 @@ def traces_to_tables(
                 if end < start:
                     end = start
                 status = span.status
+                identity = own_identity(own, key, r_identity)
                 rows.append(
                     SpanRow(
                         trace_id=tid,
@@ -253,6 +287,11 @@ def traces_to_tables(
                         dropped_links_count=span.dropped_links_count,
                         status_code=status.code,
                         status_message=status.message or None,
+                        rollout_id=identity[0],
+                        attempt_id=identity[1],
+                        group_id=identity[2],
+                        task_id=identity[3],
+                        split=identity[4],
                         resource_attributes=r_attrs,
                         resource_dropped_attributes_count=r_dropped,
                         resource_schema_url=r_schema,
@@ -296,15 +335,19 @@ def content_key(seed: Blake2b, record_bytes: bytes) -> str:
 
 
 def logs_to_tables(
-    req: ExportLogsServiceRequest, received_at: datetime, seq_start: int, sender: Sender
+    req: ExportLogsServiceRequest,
+    received_at: datetime,
+    seq_start: int,
+    sender: Sender,
+    key: Identity = NO_IDENTITY,
 ) -> dict[str, pa.Table]:
     """ExportLogsServiceRequest from `sender` -> {"logs": ...}; `seq` numbers records from `seq_start` in
-    request order."""
+    request order; `key` as for traces_to_tables."""
     rows: list[LogRow] = []
     seq = seq_start
     for rl in req.resource_logs:
         resource = rl.resource
-        r_attrs = kv_json(resource.attributes)
+        r_attrs, r_identity = resource_json_identity(resource, key)
         r_dropped = resource.dropped_attributes_count
         r_schema = rl.schema_url or None
         for sl in rl.scope_logs:
@@ -315,6 +358,7 @@ def logs_to_tables(
                 # optional on a log record, and each as long as a span's when present
                 if len(rec.trace_id) not in (0, 16) or len(rec.span_id) not in (0, 8):
                     raise ValueError(f"log record: {_id_lengths(rec.trace_id, rec.span_id)}")
+                attributes, identity = kv_json_identity(rec.attributes, key, r_identity)
                 rows.append(
                     LogRow(
                         content_key=content_key(seed, rec.SerializeToString()),
@@ -325,11 +369,16 @@ def logs_to_tables(
                         severity_text=rec.severity_text or None,
                         event_name=rec.event_name or None,
                         body=_dumps(_any_value(rec.body)),
-                        attributes=kv_json(rec.attributes),
+                        attributes=attributes,
                         dropped_attributes_count=rec.dropped_attributes_count,
                         flags=rec.flags,
                         trace_id=hex_or_none(rec.trace_id),
                         span_id=hex_or_none(rec.span_id),
+                        rollout_id=identity[0],
+                        attempt_id=identity[1],
+                        group_id=identity[2],
+                        task_id=identity[3],
+                        split=identity[4],
                         resource_attributes=r_attrs,
                         resource_dropped_attributes_count=r_dropped,
                         resource_schema_url=r_schema,

@@ -8,25 +8,28 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 
 from otel_rl.collector import flatten, metrics
 from otel_rl.store import IngestResult, Store
+from otel_rl.store.identity import NO_IDENTITY, Identity
 from otel_rl.store.layout import SENDER_SERVER, Sender
 from otel_rl.store.writer import Batch
 
 
-def traces_batch(request: ExportTraceServiceRequest, sender: Sender) -> Batch:
-    """The raw-table rows of an ExportTraceServiceRequest from `sender`."""
-    return flatten.traces_to_tables(request, _now(), sender)
+def traces_batch(request: ExportTraceServiceRequest, sender: Sender, key: Identity = NO_IDENTITY) -> Batch:
+    """The raw-table rows of an ExportTraceServiceRequest from `sender` (with rollout key `key`)."""
+    return flatten.traces_to_tables(request, _now(), sender, key)
 
 
-def logs_batch(store: Store, request: ExportLogsServiceRequest, sender: Sender) -> Batch:
-    """The raw-table rows of an ExportLogsServiceRequest from `sender`, numbered in the store's arrival
-    order."""
+def logs_batch(
+    store: Store, request: ExportLogsServiceRequest, sender: Sender, key: Identity = NO_IDENTITY
+) -> Batch:
+    """The raw-table rows of an ExportLogsServiceRequest from `sender` (with rollout key `key`), numbered in
+    the store's arrival order."""
     n_records = sum(len(sl.log_records) for rl in request.resource_logs for sl in rl.scope_logs)
-    return flatten.logs_to_tables(request, _now(), store.reserve_log_seqs(n_records), sender)
+    return flatten.logs_to_tables(request, _now(), store.reserve_log_seqs(n_records), sender, key)
 
 
-def metrics_batch(request: ExportMetricsServiceRequest, sender: Sender) -> Batch:
-    """The raw-table rows of an ExportMetricsServiceRequest from `sender`."""
-    return metrics.metrics_to_tables(request, _now(), sender)
+def metrics_batch(request: ExportMetricsServiceRequest, sender: Sender, key: Identity = NO_IDENTITY) -> Batch:
+    """The raw-table rows of an ExportMetricsServiceRequest from `sender` (with rollout key `key`)."""
+    return metrics.metrics_to_tables(request, _now(), sender, key)
 
 
 # The server's own records, written in its process (the gateway's tracer): its components vouch for them.

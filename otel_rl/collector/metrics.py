@@ -9,7 +9,16 @@ import pyarrow as pa
 from google.protobuf.message import Message
 from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceRequest
 
-from otel_rl.collector.flatten import content_key, hex_or_none, kv_dict, kv_json, record_hasher
+from otel_rl.collector.flatten import (
+    content_key,
+    hex_or_none,
+    kv_dict,
+    kv_json,
+    kv_json_identity,
+    record_hasher,
+    resource_json_identity,
+)
+from otel_rl.store.identity import NO_IDENTITY, Identity
 from otel_rl.store.layout import METRIC_POINTS, Sender, rows_table
 
 MetricPointRow = METRIC_POINTS.row
@@ -61,13 +70,14 @@ def _point_fields(kind: str, p: Message) -> tuple:
 
 
 def metrics_to_tables(
-    req: ExportMetricsServiceRequest, received_at: datetime, sender: Sender
+    req: ExportMetricsServiceRequest, received_at: datetime, sender: Sender, key: Identity = NO_IDENTITY
 ) -> dict[str, pa.Table]:
-    """ExportMetricsServiceRequest from `sender` -> {"metric_points": ...}: one row per data point."""
+    """ExportMetricsServiceRequest from `sender` -> {"metric_points": ...}: one row per data point; `key` as
+    for flatten.traces_to_tables."""
     rows: list[MetricPointRow] = []
     for rm in req.resource_metrics:
         resource = rm.resource
-        r_attrs = kv_json(resource.attributes)
+        r_attrs, r_identity = resource_json_identity(resource, key)
         for sm in rm.scope_metrics:
             scope = sm.scope
             seed = record_hasher(resource, rm.schema_url, scope, sm.schema_url)
@@ -82,6 +92,7 @@ def metrics_to_tables(
                 header = f"{metric.name}\x00{metric.unit}\x00{kind}\x00".encode()
                 for p in data.data_points:
                     value, count, total, low, high, whole = _point_fields(kind, p)
+                    attributes, identity = kv_json_identity(p.attributes, key, r_identity)
                     rows.append(
                         MetricPointRow(
                             content_key=content_key(seed, header + p.SerializeToString()),
@@ -94,13 +105,18 @@ def metrics_to_tables(
                             is_monotonic=monotonic,
                             start_time_unix_nano=p.start_time_unix_nano,
                             time_unix_nano=p.time_unix_nano,
-                            attributes=kv_json(p.attributes),
+                            attributes=attributes,
                             value=value,
                             count=count,
                             sum=total,
                             min=low,
                             max=high,
                             point=orjson.dumps(whole),
+                            rollout_id=identity[0],
+                            attempt_id=identity[1],
+                            group_id=identity[2],
+                            task_id=identity[3],
+                            split=identity[4],
                             resource_attributes=r_attrs,
                             resource_schema_url=rm.schema_url or None,
                             scope_name=scope.name or None,

@@ -16,6 +16,7 @@ from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapProp
 from otel_rl.attributes import IDENTITY_HEADERS, IDENTITY_KEYS, ROLLOUT_ID, SPLIT
 from otel_rl.auth import Forbidden, Principal
 from otel_rl.input_rules import check_identity
+from otel_rl.store.identity import identity_of, resolve, rollout_key_identity
 
 _TRACE_CONTEXT = TraceContextTextMapPropagator()
 _BAGGAGE = W3CBaggagePropagator()
@@ -48,8 +49,10 @@ def caller_identity(principal: Principal, headers: Mapping[str, str]) -> dict[st
         claimed = identity.get(ROLLOUT_ID)
         if claimed is not None and claimed != principal.rollout_id:
             raise Forbidden(f"this key is for rollout {principal.rollout_id!r}, not {claimed!r}")
-        identity.update(principal.identity)
-        identity[ROLLOUT_ID] = principal.rollout_id
+        # the rule the collector stores every record's identity by: the key's before what the call says
+        key = rollout_key_identity(principal.rollout_id, principal.identity)
+        resolved = zip(IDENTITY_KEYS, resolve(key, identity_of(identity)), strict=True)
+        identity = {name: value for name, value in resolved if value is not None}
     check_identity(identity)  # headers and baggage are held to the rule of every route (input_rules.py)
     _check_split(identity)
     return identity

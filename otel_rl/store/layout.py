@@ -172,6 +172,27 @@ def _commit_seq() -> Column:
     )
 
 
+def _identity() -> tuple[Column, ...]:
+    """The rollout identity of a record, resolved once by the collector as it flattens the record (the rule
+    of store/identity.py): a rollout key's own identity, else the record's attribute, else its resource's."""
+    return tuple(
+        Column(name, pa.string(), f"{key} {rule}")
+        for name, key, rule in (
+            ("rollout_id", "otel_rl.rollout.id", _IDENTITY_RULE),
+            ("attempt_id", "otel_rl.attempt.id", "(as rollout_id)"),
+            ("group_id", "otel_rl.group.id", "(as rollout_id)"),
+            ("task_id", "otel_rl.task.id", "(as rollout_id)"),
+            ("split", "otel_rl.split", "(as rollout_id)"),
+        )
+    )
+
+
+_IDENTITY_RULE = (
+    "as resolved at ingest: the rollout key's own (it wins over what the record says), else the record's"
+    " attribute, else its resource's; NULL when none says (the views then place a span by its trace)"
+)
+
+
 def _origin(*, dropped_resource: bool = True) -> tuple[Column, ...]:
     """The resource and scope columns every raw table ends with."""
     resource = (Column("resource_attributes", JSON),)
@@ -225,6 +246,7 @@ SPANS = Layout(
         Column("dropped_links_count", pa.uint32()),
         Column("status_code", pa.int8(), "0 unset, 1 ok, 2 error"),
         Column("status_message", pa.string()),
+        *_identity(),
         *_origin(),
         _received_at(),
         _commit_seq(),
@@ -274,6 +296,7 @@ LOGS = Layout(
         Column("flags", pa.uint32()),
         Column("trace_id", pa.string(), "NULL when absent"),
         Column("span_id", pa.string(), "NULL when absent"),
+        *_identity(),
         *_origin(),
         _received_at(),
         _commit_seq(),
@@ -305,6 +328,7 @@ METRIC_POINTS = Layout(
         Column("min", pa.float64()),
         Column("max", pa.float64()),
         Column("point", JSON, "the whole data point (buckets, quantiles, exemplars, flags)"),
+        *_identity(),
         *_origin(dropped_resource=False),
         _received_at(),
         _sender(),

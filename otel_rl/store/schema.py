@@ -13,6 +13,7 @@ import pyarrow as pa
 from otel_rl.store import normalize
 from otel_rl.store.definitions import SqlFile, defined_normalized, normalized_fingerprint, read_definitions
 from otel_rl.store.detections import create_detections
+from otel_rl.store.identity import IDENTIFIED_TABLES, fill_identity_columns
 from otel_rl.store.layout import ARCHIVE_FILES, KEY_TABLES, RAW_TABLES, TASK_TABLES
 
 log = logging.getLogger(__name__)
@@ -70,6 +71,8 @@ def create_tables(con: duckdb.DuckDBPyConnection) -> None:
 
 def _fill_added_columns(con: duckdb.DuckDBPyConnection, table: str, added: set[str]) -> None:
     """Values for the columns added to an older store's rows."""
+    if table in IDENTIFIED_TABLES and "rollout_id" in added:
+        fill_identity_columns(con, table)
     if table == "call_tokens" and "received_at" in added:
         con.execute(
             "UPDATE call_tokens SET received_at = s.received_at FROM spans s"
