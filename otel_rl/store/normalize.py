@@ -76,13 +76,9 @@ CREATE TABLE IF NOT EXISTS {STATE}.renormalize ( -- names of rows retention dele
 );
 """
 RENORMALIZE = "normalized.renormalize"  # as the writer names it in a batch (store.py)
-# The rollout a row names (own attributes first, as span_identity and reward_records read it) and the coding-
-# CLI session a log record belongs to (as harness_sessions reads it); a text test before any parse.
-NAMED_ROLLOUT = (
-    "CASE WHEN contains(attributes::VARCHAR, '\"otel_rl.rollout.id\"')"
-    " OR contains(resource_attributes::VARCHAR, '\"otel_rl.rollout.id\"')"
-    " THEN coalesce(attributes ->> 'otel_rl.rollout.id', resource_attributes ->> 'otel_rl.rollout.id') END"
-)
+# The rollout a row names: its identity column, resolved at ingest (store/identity.py); and the coding-CLI
+# session a log record belongs to (as harness_sessions reads it), a text test before any parse.
+NAMED_ROLLOUT = "rollout_id"
 SESSION = (
     "CASE WHEN contains(attributes::VARCHAR, '\"conversation.id\"')"
     " OR contains(attributes::VARCHAR, '\"session.id\"')"
