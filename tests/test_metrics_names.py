@@ -50,7 +50,8 @@ def step(number: int) -> StepRecord:
         step=number, policy_version=number, group_ids=["g"], reward_mean=0.5, success_rate=0.25, rollouts=4,
         samples=8, sampled_tokens=100, response_tokens=120, stale_groups=1, collect_s=1.0, transform_s=0.1,
         train_s=2.0, save_s=0.3, reload_s=0.4, paused_s=0.2, drain_s=0.1, wall_s=3.9,
-        trainer={"mismatch": 1e-7, "loss": -0.1},
+        trainer={"mismatch": 1e-7, "loss": -0.1}, transform_wait_s=0.04, transform_read_s=0.05,
+        transform_build_s=0.01,
     )  # fmt: skip
 
 
@@ -98,6 +99,9 @@ def test_every_metric_follows_prometheus_conventions(app) -> None:
     assert values[("otel_rl_gateway_tokens_total", (("api", "chat_completions"), ("kind", "prompt")))] == 12
     assert values[("otel_rl_gateway_server_available", (("server", "http://127.0.0.1:9"),))] == 1
     assert values[("otel_rl_train_step_phase_seconds", (("phase", "train"),))] == 2.0
+    assert values[("otel_rl_train_step_transform_seconds", (("phase", "wait"),))] == 0.04
+    assert values[("otel_rl_train_step_transform_seconds", (("phase", "build"),))] == 0.01
+    assert values[("otel_rl_store_normalize_lag_seconds", ())] == 0  # nothing written: caught up
     assert values[("otel_rl_train_mismatch", ())] == 1e-7
 
 
