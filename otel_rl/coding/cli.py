@@ -3,6 +3,7 @@
 import json
 import sys
 import tempfile
+from dataclasses import replace
 from pathlib import Path
 from typing import Annotated
 
@@ -11,7 +12,7 @@ import typer
 from otel_rl.coding import sandbox
 from otel_rl.coding.grader import MAX_PATCH_BYTES, PatchError, grade
 from otel_rl.coding.store_cli import curate_command, load_command
-from otel_rl.coding.tasks import TaskError, TaskSet, load_tasks
+from otel_rl.coding.tasks import TaskError, TaskSet, load_tasks, load_tasks_and_errors
 from otel_rl.coding.workspace import make_workspace
 
 tasks_app = typer.Typer(
@@ -30,6 +31,15 @@ WallSeconds = Annotated[float, typer.Option(help="wall clock of the sandboxed co
 def _load(path: Path) -> TaskSet:
     try:
         return load_tasks(path)
+    except TaskError as error:
+        typer.echo(f"error: {error}", err=True)
+        raise typer.Exit(2) from None
+
+
+def _load_going_on(path: Path) -> tuple[TaskSet, list[TaskError]]:
+    """The file's good tasks and its bad lines' errors (a command goes on with the others)."""
+    try:
+        return load_tasks_and_errors(path)
     except TaskError as error:
         typer.echo(f"error: {error}", err=True)
         raise typer.Exit(2) from None
@@ -76,15 +86,79 @@ tasks_app.command("load")(load_command)
 tasks_app.command("curate")(curate_command)
 
 
+@tasks_app.command("probe")
+def probe_command(
+    file: TaskFile,
+    config: Annotated[
+        Path,
+        typer.Option(
+            "--config",
+            "-c",
+            help="training configuration (YAML): its `online` harness and limits, `server`, and "
+            "`controller.coding` section (its `tasks` is FILE)",
+        ),
+    ],
+    k: Annotated[int, typer.Option("--k", help="rollouts a task")] = 4,
+    probe_id: Annotated[
+        str | None, typer.Option(help="names this probe run's groups [default: probe-<12 hex>]")
+    ] = None,
+) -> None:
+    """Run k rollouts a task with the policy the server serves now, each sandboxed and graded (the grader's
+    rewards posted as `grader`); print one JSON line a task. Then `otel-rl tasks curate FILE --probe-id ID`
+    selects from these probes."""
+    import asyncio
+
+    from otel_rl.coding.probe import probe_rollouts, probe_summary, run_probes
+    from otel_rl.controller.rollouts import new_id
+    from otel_rl.train.config import ConfigError, load_config
+    from otel_rl.train.controllers import open_runner, train_settings
+    from otel_rl.train.groups import await_in_store
+    from otel_rl.train.server_client import ServerClient, server_token
+
+    async def probe() -> list:
+        runner = open_runner(settings, client, controller_settings, probe_id)
+        try:
+            results = await run_probes(runner, rollouts)
+        finally:
+            await runner.aclose()
+        await await_in_store(client, results)  # curate, run next, reads their rewards
+        return results
+
+    task_set, bad = _load_going_on(file)
+    for error in bad:
+        typer.echo(f"error: {error} (not probed)", err=True)
+    probe_id = probe_id or f"probe-{new_id()[:12]}"
+    try:
+        settings = load_config(config, {"controller": {"coding": {"tasks": str(file)}}})
+        if not settings.online.harness:
+            raise ConfigError(f"{config}: `online.harness` (the command each probe runs) is not set")
+        rollouts = probe_rollouts(task_set.tasks, k, probe_id)
+        log_dir = settings.output_dir / "probes" / probe_id
+        controller_settings = replace(train_settings(settings), log_dir=log_dir)
+        client = ServerClient(settings.server.url, server_token(settings))
+        try:
+            results = asyncio.run(probe())
+        finally:
+            client.close()
+    except (ConfigError, ValueError, OSError, RuntimeError) as error:  # OnlineTrainingError is one
+        typer.echo(f"error: {error}", err=True)
+        raise typer.Exit(1) from None
+    for line in probe_summary(results):
+        typer.echo(json.dumps({"probe_id": probe_id, **line}))
+
+
 @tasks_app.command("validate")
 def validate_command(file: TaskFile, cpu_seconds: CpuSeconds = 60, wall_seconds: WallSeconds = 120.0) -> None:
-    """One JSON line per task: instance_id, valid, reasons (gold passes, empty fails, canaries score 0).
-    Exit status 1 when any task is invalid."""
-    from otel_rl.coding.validate import validate
+    """One JSON line per task: instance_id, valid, reasons (gold passes, empty fails, canaries score 0); a
+    line that is no task gets one too (instance_id null, the reason naming the line), and the others are
+    validated. Exit status 1 when any task is invalid."""
+    from otel_rl.coding.validate import Validation, validate
 
-    task_set = _load(file)
+    task_set, bad = _load_going_on(file)
+    for error in bad:
+        typer.echo(Validation(instance_id=None, valid=False, reasons=[str(error)]).model_dump_json())
     limits = sandbox.Limits(cpu_seconds=cpu_seconds, wall_seconds=wall_seconds)
-    invalid = 0
+    invalid = len(bad)
     for task in task_set.tasks:
         result = validate(task_set, task, limits=limits)
         invalid += not result.valid

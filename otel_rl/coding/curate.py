@@ -9,8 +9,9 @@ import polars as pl
 from otel_rl.coding.tasks import Task
 
 # One row a task: its probes (rollouts with a trusted reward; infrastructure failures have none), passes,
-# and passes of rollouts a detector flagged (hack_flags). No value of the caller's is in it: the selection
-# below runs on its result.
+# and passes of rollouts a detector flagged (hack_flags). Its one parameter, bound: the group-id prefix of
+# one probe run (`otel-rl tasks probe --probe-id`), '' for every rollout of the task. The selection below
+# runs on its result.
 PROBE_OUTCOMES_SQL = """
 SELECT
     r.task_id,
@@ -20,9 +21,15 @@ SELECT
 FROM rollouts r
 LEFT JOIN hack_flags f USING (rollout_id)
 WHERE r.task_id IS NOT NULL AND r.outcome_reward IS NOT NULL
+    AND starts_with(coalesce(r.group_id, ''), $group_prefix)
 GROUP BY r.task_id
 ORDER BY r.task_id
 """
+
+
+def probe_outcome_params(probe_id: str | None) -> dict[str, str]:
+    """PROBE_OUTCOMES_SQL's parameters: one probe run's rollouts (its groups are `<probe_id>-...`), or all."""
+    return {"group_prefix": f"{probe_id}-" if probe_id else ""}
 
 
 @dataclass(frozen=True)

@@ -30,6 +30,11 @@ class CodingSection(BaseModel):
     grader_test_timeout_seconds: float = Field(default=60.0, gt=0)  # one hidden test; past it: failed
     # the harness's exit statuses that say its CLI stopped at its own turn or context limit
     truncated_exit_codes: list[int] = Field(default_factory=list, max_length=64)
+    # online training: every this many steps, probe_k rollouts a training task with the current policy, and
+    # the groups after draw from the tasks curation keeps (otel_rl/train/reprobe.py); 0: never
+    reprobe_every: int = Field(default=0, ge=0)
+    probe_k: int = Field(default=4, ge=1, le=64)
+    always_fail_share: float = Field(default=0.2, ge=0, lt=1)  # curation's cap on always-fail tasks
 
     def launcher(self, *, admin_token: str, post_reward: "RewardPoster") -> "CodingLauncher":
         """The controller's launcher for this section; SandboxError where the sandbox cannot start here."""

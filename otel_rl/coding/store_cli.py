@@ -130,6 +130,9 @@ def curate_command(
         Path | None, typer.Option(help="an evaluation task file: tasks of its repositories are left out")
     ] = None,
     seed: Annotated[int, typer.Option(help="draws the always-fail tasks kept")] = 0,
+    probe_id: Annotated[
+        str | None, typer.Option(help="only this probe run's rollouts (otel-rl tasks probe) [default: all]")
+    ] = None,
     db: Annotated[list[Path] | None, typer.Option(help="DuckDB file [env OTEL_RL_DB]")] = None,
     server: ServerOption = None,
     token: TokenOption = None,
@@ -139,13 +142,14 @@ def curate_command(
     `<out stem>.audit.jsonl`. Prints one JSON summary line."""
     import json
 
-    from otel_rl.coding.curate import PROBE_OUTCOMES_SQL, curate
+    from otel_rl.coding.curate import PROBE_OUTCOMES_SQL, curate, probe_outcome_params
     from otel_rl.query import QueryError, query
 
     tasks = _task_set(file).tasks
     eval_repos = {task.repo for task in _task_set(exclude_repos_of).tasks} if exclude_repos_of else set()
     try:
-        outcomes = query(PROBE_OUTCOMES_SQL, db=db, server=server, token=token)
+        params = probe_outcome_params(probe_id)
+        outcomes = query(PROBE_OUTCOMES_SQL, params=params, db=db, server=server, token=token)
         share = always_fail_share
         chosen = curate(tasks, outcomes, always_fail_share=share, eval_repos=eval_repos, seed=seed)
     except (QueryError, ValueError) as error:

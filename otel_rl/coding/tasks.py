@@ -102,29 +102,50 @@ def parse_task(line: str, *, where: str) -> Task:
 
 
 def load_tasks(path: Path) -> TaskSet:
-    """Every task of a JSONL file (blank lines skipped); instance ids must be unique."""
+    """Every task of a JSONL file (blank lines skipped); instance ids must be unique. The first bad line
+    raises TaskError."""
+    task_set, bad = load_tasks_and_errors(path)
+    if bad:
+        raise bad[0]
+    return task_set
+
+
+def load_tasks_and_errors(path: Path) -> tuple[TaskSet, list[TaskError]]:
+    """The file's good tasks, and an error for each bad line (naming the line, the instance when it has one,
+    and the reason): for a command that goes on with the other tasks. A file that cannot be read at all (no
+    file, over MAX_FILE_BYTES, over MAX_TASKS tasks) raises TaskError."""
     if not path.is_file():
         raise TaskError(f"{path}: no such task file")
     if path.stat().st_size > MAX_FILE_BYTES:
         raise TaskError(f"{path}: over {MAX_FILE_BYTES >> 20} MiB")
     tasks: list[Task] = []
+    bad: list[TaskError] = []
     seen: set[str] = set()
     with path.open("rb") as lines:
         for number, data in enumerate(lines, start=1):
             where = f"{path}:{number}"
-            if len(data) > MAX_LINE_BYTES:
-                raise TaskError(f"{where}: line over {MAX_LINE_BYTES >> 20} MiB")
-            try:
-                line = data.decode()
-            except UnicodeDecodeError:
-                raise TaskError(f"{where}: not UTF-8") from None
-            if not line.strip():
-                continue
-            task = parse_task(line, where=where)
-            if task.instance_id in seen:
-                raise TaskError(f"{where} ({task.instance_id}): instance_id appears twice")
-            if len(tasks) >= MAX_TASKS:
+            if len(tasks) + len(bad) >= MAX_TASKS:
                 raise TaskError(f"{where}: over {MAX_TASKS} tasks in one file")
+            try:
+                task = _task_of_line(data, where)
+            except TaskError as error:
+                bad.append(error)
+                continue
+            if task is None:
+                continue
+            if task.instance_id in seen:
+                bad.append(TaskError(f"{where} ({task.instance_id}): instance_id appears twice"))
+                continue
             seen.add(task.instance_id)
             tasks.append(task)
-    return TaskSet(path=path, tasks=tasks)
+    return TaskSet(path=path, tasks=tasks), bad
+
+
+def _task_of_line(data: bytes, where: str) -> Task | None:
+    if len(data) > MAX_LINE_BYTES:
+        raise TaskError(f"{where}: line over {MAX_LINE_BYTES >> 20} MiB")
+    try:
+        line = data.decode()
+    except UnicodeDecodeError:
+        raise TaskError(f"{where}: not UTF-8") from None
+    return parse_task(line, where=where) if line.strip() else None

@@ -51,7 +51,7 @@ for _name, _value in list(globals().items()):
 class Validation(BaseModel):
     """One line of `otel-rl tasks validate`."""
 
-    instance_id: str
+    instance_id: str | None  # None: a line of the file that is no task (its reason names the line)
     valid: bool
     reasons: list[str]
 
