@@ -128,15 +128,18 @@ def _tail(path: Path, lines: int = 30) -> str:
     return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
 
 
-def write_task_files(workdir: Path, plan: DemoPlan) -> dict[str, Path]:
-    """Expert, train and held-out (val) tasks; no held-out (a, op, b) appears in the other two."""
+def write_task_files(workdir: Path, plan: DemoPlan, seed: int = 0) -> dict[str, Path]:
+    """Expert, train and held-out (val) tasks; no held-out (a, op, b) appears in the other two. The split
+    and the held-out tasks are the same for every `seed` (evaluations stay comparable); `seed` draws the
+    expert's and the training tasks."""
     task = _calc_task()
     train, _ = task.split_problems(seed=0)
+    expert_tasks = task.sample_tasks(train, plan.expert_rollouts, "train", 1 + 2 * seed)
     return {
-        "expert": task.write_tasks(
-            workdir / "expert.jsonl", task.sample_tasks(train, plan.expert_rollouts, "train", 1)
+        "expert": task.write_tasks(workdir / "expert.jsonl", expert_tasks),
+        "train": task.write_tasks(
+            workdir / "train.jsonl", task.sample_tasks(train, 2000, "train", 2 + 2 * seed)
         ),
-        "train": task.write_tasks(workdir / "train.jsonl", task.sample_tasks(train, 2000, "train", 2)),
         "val": task.write_tasks(workdir / "val.jsonl", task.heldout_tasks(seed=0)[: plan.val_tasks]),
     }
 
@@ -155,22 +158,24 @@ def run_expert(url: str, token: str, tasks: Path, workdir: Path, console: Consol
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-def _base_config(url: str, token: str) -> dict[str, Any]:
+def _base_config(url: str, token: str, seed: int) -> dict[str, Any]:
     return {
         "server": {"url": url, "token": token},
         # The calculator harness grades its own answer with a script (examples/calc_task.check); the model
         # only writes text and cannot reach that code, so the harness's rewards are trusted here.
         "reward": {"trusted_sources": ["harness"]},
-        "seed": 0,
+        "seed": seed,
     }
 
 
-def sft_settings(plan: DemoPlan, url: str, token: str, model: Path, workdir: Path) -> "TrainConfig":
+def sft_settings(
+    plan: DemoPlan, url: str, token: str, model: Path, workdir: Path, seed: int = 0
+) -> "TrainConfig":
     """Stage 1: behaviour cloning of every expert transcript (no reward filter: the noise is the point)."""
     from otel_rl.train.config import config_from_dict
 
     return config_from_dict(
-        _base_config(url, token)
+        _base_config(url, token, seed)
         | {
             "model": str(model),
             "output_dir": str(workdir / "sft"),
@@ -193,13 +198,14 @@ def rl_settings(
     workdir: Path,
     tasks: dict[str, Path],
     backend: str = "local",
+    seed: int = 0,
 ) -> "TrainConfig":
     """Stage 2: online GRPO with the calculator harness, held-out evaluation with the same harness."""
     from otel_rl.train.config import config_from_dict
 
     harness = [sys.executable, str(EXAMPLES / "calc_agent.py")]  # samples at temperature 1
     return config_from_dict(
-        _base_config(url, token)
+        _base_config(url, token, seed)
         | {
             "model": str(model),
             "output_dir": str(workdir / "rl"),
@@ -228,7 +234,12 @@ def rl_settings(
 
 
 def run_demo(
-    plan: DemoPlan, workdir: Path, console: Console, vllm_url: str | None = None, backend: str = "local"
+    plan: DemoPlan,
+    workdir: Path,
+    console: Console,
+    vllm_url: str | None = None,
+    backend: str = "local",
+    seed: int = 0,
 ) -> dict[str, Any]:
     """Both stages end to end; returns the report (also written to workdir/report.json). `backend` trains
     stage 2 (local or verl); stage 1's SFT is the local trainer's (verl's backend trains RL updates only).
@@ -255,8 +266,8 @@ def run_demo(
 
     console.rule("[bold]otel-rl demo: a 1M-parameter model learns to use a calculator")
     with console.status("building the tiny model and its tokenizer"):
-        initial = init_model(workdir / "model-init", seed=0)
-        tasks = write_task_files(workdir, plan)
+        initial = init_model(workdir / "model-init", seed=seed)
+        tasks = write_task_files(workdir, plan, seed)
     with running_server(workdir, initial, vllm_url, token, console) as url:
         timings["setup_s"] = time.monotonic() - started
         console.print(f"server and gateway at {url} (vLLM behind it); store {workdir / 'otel_rl.duckdb'}")
@@ -267,13 +278,13 @@ def run_demo(
         console.print(
             f"expert: {expert['rollouts']} rollouts, success {expert['mean_reward']:.1%} (noisy on purpose)"
         )
-        sft_config = sft_settings(plan, url, token, initial, workdir)
+        sft_config = sft_settings(plan, url, token, initial, workdir, seed)
         start_policy = sft_from_traces(sft_config, console)
         timings["stage1_s"] = time.monotonic() - stage
 
         console.rule("stage 2, online: GRPO through the gateway, the store and synchronized reloads")
         stage = time.monotonic()
-        rl_config = rl_settings(plan, url, token, start_policy, workdir, tasks, backend)
+        rl_config = rl_settings(plan, url, token, start_policy, workdir, tasks, backend, seed)
         result = run_online(rl_config, console)
         timings["stage2_s"] = time.monotonic() - stage
 
@@ -285,6 +296,7 @@ def run_demo(
         "sampled_success_before": sampled[0].success_rate,
         "sampled_success_after": sampled[-1].success_rate,
         "steps": len(result.steps),
+        "seed": seed,
         "wall_seconds": time.monotonic() - started,
         "timings": timings,
         "expert": expert,
@@ -315,6 +327,9 @@ def demo_command(
         Literal["local", "verl"],
         typer.Option(help="Who trains stage 2: otel-rl's own trainer, or verl's engine (docs/verl.md)"),
     ] = "local",
+    seed: Annotated[
+        int, typer.Option(help="Seeds the tiny model, the expert's and training tasks, and training")
+    ] = 0,
     serve: Annotated[
         bool, typer.Option(help="At the end, serve the web view of the run (/ui) until Ctrl-C")
     ] = True,
@@ -329,7 +344,7 @@ def demo_command(
     console = Console()
     workdir = workdir.resolve()
     try:
-        report = run_demo(QUICK if quick else FULL, workdir, console, vllm, backend)
+        report = run_demo(QUICK if quick else FULL, workdir, console, vllm, backend, seed)
     except (RuntimeError, ValueError) as error:
         console.print(f"[red]demo failed:[/] {error}")
         raise typer.Exit(1) from None

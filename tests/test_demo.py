@@ -31,11 +31,25 @@ def test_quick_demo_trains_through_the_whole_pipeline_and_reports(quick_demo):
     assert "held-out greedy success" in done.stdout and "otel-rl sql --db" in done.stdout
 
     report = json.loads((workdir / "report.json").read_text())
-    assert report["steps"] == QUICK.rl_steps
-    assert 0 <= report["success_before"] <= 1 and 0 <= report["success_after"] <= 1
-    assert 0 <= report["sampled_success_before"] <= 1 and 0 <= report["sampled_success_after"] <= 1
-    assert [e["name"] for e in report["evals"]] == ["greedy", "sampled"] * 2
-    assert report["wall_seconds"] > 0
+    assert report["steps"] == QUICK.rl_steps and report["seed"] == 0
+    evals = report["evals"]
+    assert [(e["name"], e["step"], e["rollouts"]) for e in evals] == [
+        (name, step, QUICK.val_tasks) for step in (0, QUICK.rl_steps) for name in ("greedy", "sampled")
+    ]
+    # What the user reads: the printed before → after lines are the evaluations' own figures.
+    for name, before, after in (("greedy", evals[0], evals[2]), ("sampled", evals[1], evals[3])):
+        line = f"held-out {name} success: {before['success_rate']:.1%} → {after['success_rate']:.1%}"
+        assert line in done.stdout, done.stdout[-2000:]
+    assert (report["success_before"], report["success_after"]) == (
+        evals[0]["success_rate"],
+        evals[2]["success_rate"],
+    )
+    assert (report["sampled_success_before"], report["sampled_success_after"]) == (
+        evals[1]["success_rate"],
+        evals[3]["success_rate"],
+    )
+    assert f"whole demo {report['wall_seconds']:.0f} s" in done.stdout
+    assert report["wall_seconds"] >= sum(report["timings"].values())
     assert (workdir / "reward_curve.png").read_bytes().startswith(b"\x89PNG")
     assert "otel-rl sql" in (workdir / "report.md").read_text()
     # Every update trained on what vLLM served: float32 on both sides, so the logprobs agree.
@@ -52,6 +66,15 @@ def test_quick_demo_trains_through_the_whole_pipeline_and_reports(quick_demo):
     trained = QUICK.rl_steps * QUICK.groups_per_step * QUICK.group_size
     assert sql("SELECT count(*) FROM rollouts WHERE split = 'train' AND status = 'ok'")[0][0] >= trained
     assert sql("SELECT count(*) FROM rollouts WHERE split = 'val'")[0][0] == 4 * QUICK.val_tasks
+    # Each evaluation's success rate is what its rollouts' harness rewards in the store say.
+    stored = sql(
+        "SELECT group_id, avg(CASE WHEN outcome_rewards_by_source['harness'] >= 1 THEN 1 ELSE 0 END)"
+        " FROM rollouts WHERE split = 'val' GROUP BY group_id ORDER BY min(started_at)"
+    )
+    for name in ("greedy", "sampled"):
+        assert [rate for group, rate in stored if f"-{name}-" in group] == pytest.approx(
+            [e["success_rate"] for e in evals if e["name"] == name]
+        )
     # The harnesses were forked warm from a fork server (the `preload` setting), one log per attempt.
     assert (workdir / "rl" / "rollouts" / "forkserver.log").is_file()
     versions = sql("SELECT DISTINCT policy_version FROM llm_calls WHERE split = 'train' ORDER BY 1")
