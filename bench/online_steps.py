@@ -3,7 +3,7 @@
 Each step, synthetic rollouts go through a real `otel-rl serve` and its store as an online run's do: the
 gateway's call spans (exact token ids) of the groups in flight arrive turn by turn, then each finished
 rollout's controller status span and its grader reward. The trainer's side then runs what a step runs:
-it waits for the status spans (train/groups.py attempt_progress_sql, as await_in_store does), and turns the
+it waits for the status spans (store/reads.py attempt_progress, as await_in_store does), and turns the
 groups into samples (train/batches.py group_samples: read_groups over the normalized tables, then
 build_samples). The floor is build_samples alone over the same frames, already in memory. The groups of the
 next step are in flight meanwhile (half their turns sent), as the launcher keeps them.

@@ -51,11 +51,12 @@ from rich.table import Table
 from otel_rl import attributes as attr
 from otel_rl.collector.ingest import logs_batch, traces_batch
 from otel_rl.collector.rewards import RewardIn, reward_log_request
-from otel_rl.store import Saturated, Store
+from otel_rl.store import Saturated, Store, reads
 from otel_rl.store.connection import CATALOG, connect
 from otel_rl.store.layout import RAW_TABLES
 from otel_rl.store.normalizer import NotNormalized
-from otel_rl.train.groups import final_attempts_sql, read_groups
+from otel_rl.store.sandbox import Params
+from otel_rl.train.groups import read_groups
 
 console = Console(width=None if sys.stdout.isatty() else 150)
 GROUP_BY = "SELECT request_model, count(*) FROM llm_calls GROUP BY 1"
@@ -391,25 +392,25 @@ def best_of(repeats: int, run: Callable[[], object]) -> float:
 class StepRead:
     seconds: dict[str, float]  # best of the whole read and of each statement
     rows: dict[str, int]
-    statements: dict[str, str]
+    statements: dict[str, tuple[str, Params | None]]  # as sent: SQL and its bound values
 
 
-def step_read(query: Callable[[str], pl.DataFrame], groups: list[str], repeats: int) -> StepRead:
+def step_read(query: reads.Run, groups: list[str], repeats: int) -> StepRead:
     """read_groups as an online step sends it (bounded by its final attempts' start, which the loop knows),
     best of `repeats`, and each of its statements apart; and its attempts statement unbounded, as a resumed
     run's first step sends it for groups found finished in the store."""
-    sent: list[str] = []
+    sent: list[tuple[str, Params | None]] = []
 
-    def recording(sql: str) -> pl.DataFrame:
-        sent.append(sql)
-        return query(sql)
+    def recording(sql: str, params: Params | None = None) -> pl.DataFrame:
+        sent.append((sql, params))
+        return query(sql, params)
 
-    started = int(query(final_attempts_sql(groups))["attempt_start_ns"].min())
+    started = int(reads.final_attempts(query, groups)["attempt_start_ns"].min())
     calls, rollouts, rewards = read_groups(recording, groups, started)
     statements = dict(zip(("attempts", "calls", "rewards"), sent, strict=True))
     seconds = {"read_groups": best_of(repeats, lambda: read_groups(query, groups, started))}
-    seconds |= {name: best_of(repeats, lambda sql=sql: query(sql)) for name, sql in statements.items()}
-    seconds["attempts, unbounded"] = best_of(repeats, lambda: query(final_attempts_sql(groups)))
+    seconds |= {name: best_of(repeats, lambda sent=sent: query(*sent)) for name, sent in statements.items()}
+    seconds["attempts, unbounded"] = best_of(repeats, lambda: reads.final_attempts(query, groups))
     rows = {"calls": calls.height, "rollouts": rollouts.height, "rewards": rewards.height}
     return StepRead(seconds, rows, statements)
 
@@ -435,8 +436,8 @@ def timed_queries(path: Path, plain: Path, requests: int, repeats: int) -> Timin
     load_before = load()
     with Store(path) as store:
 
-        def query(sql: str) -> pl.DataFrame:
-            return pl.from_arrow(store.query_arrow(sql))
+        def query(sql: str, params: Params | None = None) -> pl.DataFrame:
+            return pl.from_arrow(store.query_arrow(sql, params))
 
         timed = {
             name: best_of(repeats, lambda sql=sql: store.query_arrow(sql)) for name, sql in statements.items()
@@ -445,11 +446,11 @@ def timed_queries(path: Path, plain: Path, requests: int, repeats: int) -> Timin
     con = connect(plain, read_only=True)  # one DuckDB thread, as the store's
     try:
 
-        def plain_best(sql: str) -> float:
-            return best_of(repeats, lambda: con.sql(sql).to_arrow_table())
+        def plain_best(sql: str, params: Params | None = None) -> float:
+            return best_of(repeats, lambda: con.execute(sql, params).to_arrow_table())
 
         plain_timed = {name: plain_best(sql) for name, sql in statements.items()}
-        plain_step = {name: plain_best(step.statements[name]) for name in ("calls", "rewards")}
+        plain_step = {name: plain_best(*step.statements[name]) for name in ("calls", "rewards")}
     finally:
         con.close()
     return Timings(timed, plain_timed, step, plain_step, f"{load_before} -> {load()}")

@@ -39,6 +39,7 @@ from otel_rl.collector.ingest import ingest_logs, ingest_traces
 from otel_rl.collector.rewards import RewardIn, reward_log_request
 from otel_rl.store import Store
 from otel_rl.store.connection import connect
+from otel_rl.store.sandbox import Params
 from otel_rl.train.groups import read_groups
 from otel_rl.transforms.export import pad, to_dataproto
 from otel_rl.transforms.merge import flat_lists
@@ -194,8 +195,8 @@ def timed_exact(db: Path, repeats: int) -> dict[str, float]:
     """Best-of-`repeats` seconds for read (views -> Arrow -> polars), build (merge...) and pad (DataProto)."""
     con = duckdb.connect(str(db), read_only=True, config={"threads": "1"})
 
-    def run(sql: str) -> pl.DataFrame:
-        return pl.from_arrow(con.sql(sql).to_arrow_table())
+    def run(sql: str, params: Params | None = None) -> pl.DataFrame:
+        return pl.from_arrow(con.execute(sql, params).to_arrow_table())
 
     options = SampleOptions(drift_sample=0)
     from verl.trainer.ppo import core_algos  # noqa: F401 - imported once, not timed
@@ -260,8 +261,8 @@ def timed_retokenized(db: Path, tokenizer) -> dict[str, float]:
 
     con = duckdb.connect(str(db), read_only=True, config={"threads": "1"})
 
-    def run(sql: str) -> pl.DataFrame:
-        return pl.from_arrow(con.sql(sql).to_arrow_table())
+    def run(sql: str, params: Params | None = None) -> pl.DataFrame:
+        return pl.from_arrow(con.execute(sql, params).to_arrow_table())
 
     calls, rollouts, rewards = load_inputs("true", run, messages=True)
     start = time.process_time()
@@ -292,8 +293,8 @@ def timed_step_read(db: Path, groups: list[str], repeats: int) -> dict[str, floa
     read-only connection of the store (one DuckDB thread), best-of-`repeats` CPU s; the rows it read."""
     con = connect(db, read_only=True)
 
-    def run(sql: str) -> pl.DataFrame:
-        return pl.from_arrow(con.sql(sql).to_arrow_table())
+    def run(sql: str, params: Params | None = None) -> pl.DataFrame:
+        return pl.from_arrow(con.execute(sql, params).to_arrow_table())
 
     best = float("inf")
     for _ in range(repeats):

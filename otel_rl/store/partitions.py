@@ -85,9 +85,7 @@ def check_stores(paths: Sequence[Path]) -> None:
             )
 
 
-def query_stores(
-    paths: Sequence[Path], sql: str, params: Params | None = None
-) -> tuple[pa.Table, list[str]]:
+def query_stores(paths: Sequence[Path], sql: str, params: Params | None = None) -> tuple[pa.Table, list[str]]:
     """The result of one read-only statement over `paths` as one store (its parameters bound by DuckDB), and
     the rollouts that have records in more than one of them (sandbox errors as from one store;
     PartitionError)."""

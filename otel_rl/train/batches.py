@@ -18,6 +18,16 @@ from otel_rl.train.launcher import Collected, GroupLauncher
 from otel_rl.train.server_client import OnlineTrainingError, ServerClient
 
 EMPTY_ROUNDS = 3  # batches of groups in a row without a sample before the loop gives up
+WAIT_VIEW = "llm_calls"  # a view over the normalized tables the step reads
+
+
+@dataclass(frozen=True)
+class TransformTimes:
+    """A step's transform in parts (seconds): what grows with the run shows in which part."""
+
+    wait_s: float  # until the normalized tables included the commits collecting saw
+    read_s: float  # the groups' rows, read from the store
+    build_s: float  # samples built from them (build_samples)
 
 
 @dataclass
@@ -28,6 +38,7 @@ class StepBatch:
     stale_groups: int  # dropped on the way, older than max_staleness
     collect_s: float  # of the last round of collection
     transform_s: float
+    transform: TransformTimes  # transform_s in parts
 
 
 async def collect_batch(
@@ -51,14 +62,20 @@ async def collect_batch(
         stale_total += found.stale
         collected = time.monotonic()
         show("building samples")
-        samples, report = await asyncio.to_thread(group_samples, config, client, found, version)
+        samples, report, times = await asyncio.to_thread(group_samples, config, client, found, version)
         transformed = time.monotonic()
         why = report.why_dropped(trust_setting)  # the senders' text: printed without rich markup
         if report.untrusted_rewards or not samples.height:
             console.print(f"{len(groups)} groups gave {samples.height} samples: {why}", markup=False)
         if samples.height:
             return StepBatch(
-                groups, samples, report, stale_total, collected - collect_started, transformed - collected
+                groups,
+                samples,
+                report,
+                stale_total,
+                collected - collect_started,
+                transformed - collected,
+                times,
             )
         await launcher.release(len(groups))
     raise OnlineTrainingError(
@@ -69,18 +86,29 @@ async def collect_batch(
 
 def group_samples(
     config: TrainConfig, client: ServerClient, found: Collected, version: int
-) -> tuple[pl.DataFrame, Any]:
+) -> tuple[pl.DataFrame, Any, TransformTimes]:
     """The samples of the groups' final attempts for an update of policy `version` (exact token ids: no
     tokenizer needed). The normalized tables are read once they include the commits collecting saw, not
     every one the next groups made since."""
     from otel_rl.transforms.samples import SampleOptions, build_samples
+    from otel_rl.transforms.screening import FLAGS_COLUMN
 
+    started = time.perf_counter()
+    # An empty read of the normalized tables: it returns once they include the commits collecting saw,
+    # so that a wait for normalizing shows apart from the reads.
+    client.query(f"SELECT 1 FROM {WAIT_VIEW} LIMIT 0", after_commit=found.seen_through)
+    waited = time.perf_counter()
     query = partial(client.query, after_commit=found.seen_through)
     calls, rollouts, rewards = read_groups(query, found.groups, found.started_ns)
+    if not config.algorithm.screen_flagged:
+        rollouts = rollouts.drop(FLAGS_COLUMN)  # read without their flags: all kept
     options = SampleOptions(
         reward=config.reward.spec(),
         estimator=config.algorithm.advantage_estimator,
         current_policy_version=version,
         max_staleness=config.algorithm.max_staleness,
     )
-    return build_samples(calls, rollouts, rewards, options=options)
+    read = time.perf_counter()
+    samples, report = build_samples(calls, rollouts, rewards, options=options)
+    times = TransformTimes(waited - started, read - waited, time.perf_counter() - read)
+    return samples, report, times

@@ -18,6 +18,7 @@ import polars as pl
 from rich.console import Console
 
 from otel_rl import attributes as attr
+from otel_rl.controller.backends import RolloutRunner
 from otel_rl.train.batches import collect_batch
 from otel_rl.train.config import TrainConfig
 from otel_rl.train.controllers import open_runner, train_settings
@@ -25,6 +26,8 @@ from otel_rl.train.evaluation import Evaluator
 from otel_rl.train.launcher import GroupLauncher
 from otel_rl.train.progress import StepProgress
 from otel_rl.train.records import EvalRecord, OnlineResult, RunRecorder, StepRecord
+from otel_rl.train.reprobe import report as report_reprobe
+from otel_rl.train.reprobe import reprobe, reprobe_due
 from otel_rl.train.resume import (
     OnlineState,
     latest_checkpoint,
@@ -34,7 +37,7 @@ from otel_rl.train.resume import (
     unused_groups,
 )
 from otel_rl.train.server_client import OnlineTrainingError, ServerClient, server_token
-from otel_rl.train.tasks import read_tasks
+from otel_rl.train.tasks import Task, read_tasks
 from otel_rl.train.worker import TrainerProcess
 
 
@@ -86,9 +89,20 @@ class OnlineLoop:
                     record = await self._step(trainer, launcher, recorder, progress)
                     steps.append(record)
                     progress.step_done(record)
+                    if reprobe_due(self.config, self.state.step):  # controller.coding.reprobe_every
+                        launcher.tasks = await self._reprobe(runner, progress.console)
                     if evaluator and evaluator.due(self.state.step):
                         evals += await evaluator.evaluate_all(self.state, progress.console)
         return OnlineResult(self.run_id, steps, evals, time.monotonic() - started)
+
+    async def _reprobe(self, runner: RolloutRunner, console: Console) -> list[Task]:
+        """Probe the run's tasks with the policy just loaded: the tasks curation keeps train from now on."""
+        step = self.state.step
+        kept, chosen = await reprobe(
+            self.config, self.client, runner, self.tasks, run_id=self.run_id, step=step
+        )
+        report_reprobe(console, step, self.tasks, chosen)
+        return kept
 
     async def _step(
         self, trainer: TrainerProcess, launcher: GroupLauncher, recorder: RunRecorder, progress: StepProgress
@@ -137,6 +151,9 @@ class OnlineLoop:
             wall_s=reloaded - started,
             trainer={key: float(value) for key, value in metrics.items()},
             screened=batch.report.screened,
+            transform_wait_s=batch.transform.wait_s,
+            transform_read_s=batch.transform.read_s,
+            transform_build_s=batch.transform.build_s,
         )
         # Exported now: a loop killed later must not lose the record of a step whose checkpoint exists.
         await asyncio.to_thread(recorder.record, attr.TRAIN_STEP_SPAN_NAME, record, started_ns)
