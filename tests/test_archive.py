@@ -173,9 +173,9 @@ def late_child_span(trace_id: str, parent_span_id: str) -> ExportTraceServiceReq
 
 def test_late_data_for_an_archived_rollout_normalizes_as_if_nothing_was_archived(server) -> None:
     late_reward = reward_log_request(RewardIn(rollout_id="r-0", value=0.25, source="grader"), now_ns=1)
-    identity = "spans JOIN span_identity USING (trace_id, span_id)"
+    identity = "spans JOIN span_identity i USING (trace_id, span_id)"  # i: the rollout by inheritance too
     [root] = server.sql(
-        f"SELECT trace_id, span_id FROM {identity} WHERE rollout_id = 'r-1' AND parent_span_id IS NULL"
+        f"SELECT trace_id, span_id FROM {identity} WHERE i.rollout_id = 'r-1' AND parent_span_id IS NULL"
     ).to_pylist()
 
     assert post(server, "/v1/logs", late_reward.SerializeToString(), PROTOBUF).status_code == 200
@@ -184,7 +184,7 @@ def test_late_data_for_an_archived_rollout_normalizes_as_if_nothing_was_archived
 
     rewards = server.sql("SELECT value FROM rewards WHERE rollout_id = 'r-0' ORDER BY value").column(0)
     assert rewards.to_pylist() == [0.25, 1.0]
-    placed = server.sql(f"SELECT rollout_id FROM {identity} WHERE name = 'execute_tool calc'").column(0)
+    placed = server.sql(f"SELECT i.rollout_id FROM {identity} WHERE name = 'execute_tool calc'").column(0)
     assert placed.to_pylist() == ["r-1"]  # placed in its archived trace's rollout
     assert_normalized_as_from_scratch(server)
 
