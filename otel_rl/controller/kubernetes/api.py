@@ -1,13 +1,15 @@
-"""The Kubernetes API calls of the controller, through the official client's asyncio API, with retries.
+"""The Kubernetes API calls of the controller, through the official client's asyncio API, with its retries.
 
-Every call is retried on what a busy or restarting API server answers: 429 (after its Retry-After), 5xx,
-and dropped connections, with exponential backoff. Objects come back as plain dicts in the API's own
-(camelCase) form, as status.py reads them.
+Every call is retried on what a busy or restarting API server answers: 429 and 5xx (after their Retry-After
+when they send one), and dropped connections, with exponential backoff and jitter: the client's own port of
+client-go's retry loop (`kubernetes.aio.utils.retry`). Not the client's `Configuration.retries`: that one
+(aiohttp-retry) never retries POST or PATCH, and a lost answer to a create is exactly what must be retried
+(a 409 then finds the object made). Objects come back as plain dicts in the API's own (camelCase) form, as
+status.py reads them.
 """
 
 import asyncio
 import json
-import random
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any, TypeVar
@@ -15,11 +17,12 @@ from typing import Any, TypeVar
 import aiohttp
 from kubernetes.aio import client, config
 from kubernetes.aio.client.exceptions import ApiException
+from kubernetes.aio.utils.retry import Backoff, on_retry_after_error
 
-ATTEMPTS = 8
-BACKOFF_S = 0.2  # the first retry's delay; doubled each time, with jitter
-MAX_BACKOFF_S = 10.0
-MAX_RETRY_AFTER_S = 60.0
+# 8 calls at most; the n-th retry waits 0.1-0.2 s × 2^(n-1) (jitter 1.0: up to double), or the server's
+# Retry-After when that is longer.
+BACKOFF = Backoff(steps=8, duration=0.1, factor=2.0, jitter=1.0)
+MAX_BACKOFF_S = 10.0  # the longest pause between two relists of a failing watch (cluster.py)
 REQUEST_TIMEOUT_S = 30.0
 MAX_EVENT_BYTES = 4 << 20  # one watch event (a Job or Pod) is far smaller
 
@@ -38,37 +41,23 @@ class ApiError(RuntimeError):
         self.status = status
 
 
-def _retry_delay(error: BaseException, attempt: int) -> float | None:
-    """Seconds to wait before retrying after error, or None when it is not worth retrying."""
-    backoff = min(MAX_BACKOFF_S, BACKOFF_S * 2**attempt) * random.uniform(0.5, 1.0)
+def retriable(error: Exception) -> bool:
+    """Whether a failed call is worth another try: 429, 5xx, a dropped connection or a timeout."""
     if isinstance(error, ApiException):
-        if error.status == 429:
-            header = (error.headers or {}).get("Retry-After")
-            try:
-                return min(MAX_RETRY_AFTER_S, float(header)) if header else backoff
-            except ValueError:
-                return backoff
-        return backoff if error.status is not None and error.status >= 500 else None
-    if isinstance(error, (aiohttp.ClientError, asyncio.TimeoutError, ConnectionError)):
-        return backoff
-    return None
+        return error.status == 429 or (error.status is not None and error.status >= 500)
+    return isinstance(error, (aiohttp.ClientError, asyncio.TimeoutError, ConnectionError))
 
 
 async def retried(what: str, call: Callable[[], Awaitable[T]]) -> T:
     """call(), retried on 429, 5xx and connection errors; ApiError once retrying cannot help."""
-    for attempt in range(ATTEMPTS):
-        try:
-            return await call()
-        except Exception as error:
-            delay = _retry_delay(error, attempt)
-            if delay is None or attempt == ATTEMPTS - 1:
-                if isinstance(error, ApiException):
-                    raise ApiError(what, error.status, str(error.body or error.reason)) from None
-                if delay is None:
-                    raise
-                raise ApiError(what, None, f"{type(error).__name__}: {error}") from None
-            await asyncio.sleep(delay)
-    raise AssertionError("unreachable")
+    try:
+        return await on_retry_after_error(BACKOFF, retriable, call)
+    except ApiException as error:
+        raise ApiError(what, error.status, str(error.body or error.reason)) from None
+    except Exception as error:
+        if not retriable(error):
+            raise
+        raise ApiError(what, None, f"{type(error).__name__}: {error}") from None
 
 
 class KubernetesApi:

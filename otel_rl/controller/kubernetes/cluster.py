@@ -12,7 +12,7 @@ import logging
 from collections.abc import Mapping
 from typing import Any
 
-from otel_rl.controller.kubernetes.api import BACKOFF_S, MAX_BACKOFF_S, Gone, KubernetesApi
+from otel_rl.controller.kubernetes.api import BACKOFF, MAX_BACKOFF_S, Gone, KubernetesApi
 
 log = logging.getLogger(__name__)
 
@@ -124,7 +124,7 @@ class ClusterView:
 
     async def _relist_after(self, relist: Any, failures: int) -> str:
         while True:
-            await asyncio.sleep(min(MAX_BACKOFF_S, BACKOFF_S * 2**failures) if failures else 0)
+            await asyncio.sleep(min(MAX_BACKOFF_S, BACKOFF.duration * 2**failures) if failures else 0)
             try:
                 return await relist()
             except asyncio.CancelledError:
