@@ -23,7 +23,7 @@ ROLLOUT_TRUNCATED = "otel_rl.rollout.truncated"
 # A coding rollout's sandbox (resource attributes of its harness, and on the controller's rollout span):
 # the mode ("bubblewrap", or "unsandboxed" by name) and its limits, SANDBOX_LIMITS + cpu_seconds |
 # memory_bytes | processes | file_bytes | wall_seconds. And the grader's verdict, on the controller's span
-# (otel_rl/coding/rollout.py).
+# (otel_rl/controller/coding.py).
 SANDBOX_MODE = "otel_rl.sandbox.mode"
 SANDBOX_LIMITS = "otel_rl.sandbox.limits."
 # What a coding sandbox's network denied (otel_rl/coding/forward.py), on the controller's rollout span: the

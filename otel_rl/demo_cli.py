@@ -1,11 +1,11 @@
 """The `otel-rl demo` group: `otel-rl demo [OPTIONS]` runs the calculator demo as before, and
-`otel-rl demo coding [OPTIONS]` the coding demo (otel_rl/coding/demo.py)."""
+`otel-rl demo coding [OPTIONS]` the coding demo (otel_rl/coding_app/demo.py)."""
 
 import inspect
 
 import typer
 
-from otel_rl.coding.demo import coding_command
+from otel_rl.coding_app.demo import coding_command
 from otel_rl.demo import demo_command
 
 

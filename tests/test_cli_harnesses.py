@@ -24,9 +24,9 @@ from typer.testing import CliRunner
 
 from otel_rl.cli import app
 from otel_rl.coding import sandbox
-from otel_rl.coding.rollout import CodingLauncher
 from otel_rl.coding.tasks import load_tasks
 from otel_rl.controller import Controller, ControllerSettings, Rollout, RolloutStatus, new_id
+from otel_rl.controller.coding import CodingLauncher
 from otel_rl.gateway.vllm import VLLMServer, cache_root
 from otel_rl.harnesses import CLIS
 from otel_rl.harnesses.install import install, install_dir

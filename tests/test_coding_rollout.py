@@ -21,9 +21,9 @@ from test_controller import recorded_attempts
 
 from otel_rl import attributes as attr
 from otel_rl.coding import humaneval, sandbox
-from otel_rl.coding.rollout import CodingLauncher, agent_task, reward_body
 from otel_rl.coding.tasks import load_tasks
 from otel_rl.controller import Controller, ControllerSettings, Rollout, RolloutStatus, new_id
+from otel_rl.controller.coding import CodingLauncher, agent_task, reward_body
 from otel_rl.train.config import TrainConfig
 from otel_rl.train.server_client import ServerClient
 from otel_rl.transforms.rewards import RewardSpec

@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 
 from otel_rl.coding import sandbox, toy_tasks
-from otel_rl.coding.demo import ARMS, QUICK
 from otel_rl.coding.grader import grade
 from otel_rl.coding.tasks import load_tasks
 from otel_rl.coding.workspace import make_workspace, workspace_diff
+from otel_rl.coding_app.demo import ARMS, QUICK
 from otel_rl.query import query
 from otel_rl.train.resume import run_id_of
 

@@ -2,12 +2,9 @@
 and graded outside it (docs/coding.md)."""
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
-
-if TYPE_CHECKING:
-    from otel_rl.coding.rollout import CodingLauncher, RewardPoster
 
 
 class CodingSection(BaseModel):
@@ -35,20 +32,3 @@ class CodingSection(BaseModel):
     reprobe_every: int = Field(default=0, ge=0)
     probe_k: int = Field(default=4, ge=1, le=64)
     always_fail_share: float = Field(default=0.2, ge=0, lt=1)  # curation's cap on always-fail tasks
-
-    def launcher(self, *, admin_token: str, post_reward: "RewardPoster") -> "CodingLauncher":
-        """The controller's launcher for this section; SandboxError where the sandbox cannot start here."""
-        from otel_rl.coding import sandbox
-        from otel_rl.coding.rollout import CodingLauncher
-        from otel_rl.coding.tasks import load_tasks
-
-        limits = sandbox.Limits(
-            cpu_seconds=self.cpu_seconds, memory_bytes=self.memory_bytes, processes=self.processes,
-            file_bytes=self.file_bytes, wall_seconds=self.wall_seconds,
-        )  # fmt: skip
-        grader = sandbox.Limits(cpu_seconds=self.grader_cpu_seconds, wall_seconds=self.grader_wall_seconds)
-        return CodingLauncher(
-            load_tasks(self.tasks), admin_token=admin_token, post_reward=post_reward, limits=limits,
-            grader_limits=grader, binds=self.binds, truncated_exit_codes=self.truncated_exit_codes,
-            mode=self.mode, test_timeout_s=self.grader_test_timeout_seconds,
-        )  # fmt: skip

@@ -11,6 +11,7 @@ from typing import Any, Literal, Protocol
 from pydantic import BaseModel, ConfigDict, model_validator
 
 from otel_rl.coding.settings import CodingSection
+from otel_rl.controller.coding import coding_launcher
 from otel_rl.controller.kubernetes.settings import KubernetesSettings
 from otel_rl.controller.local import Controller, ControllerSettings, KeyIssuer, KeyRevoker
 from otel_rl.controller.rollouts import Rollout, RolloutResult
@@ -104,5 +105,5 @@ def open_controller(
         return LocalRunner(Controller(settings, **connection))
     if post_reward is None:
         raise ValueError("a `controller.coding` section needs post_reward: the grader's rewards are posted")
-    launcher = section.coding.launcher(admin_token=token, post_reward=post_reward)
+    launcher = coding_launcher(section.coding, admin_token=token, post_reward=post_reward)
     return LocalRunner(Controller(settings, **connection, launcher=launcher))

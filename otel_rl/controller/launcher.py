@@ -1,5 +1,5 @@
 """The seam where an environment wraps each harness attempt of the local controller (a sandbox over a fresh
-workspace, a grader after the episode: otel_rl/coding/rollout.py), without a controller of its own."""
+workspace, a grader after the episode: otel_rl/controller/coding.py), without a controller of its own."""
 
 from collections.abc import Mapping, Sequence
 from contextlib import AbstractAsyncContextManager

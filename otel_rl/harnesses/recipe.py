@@ -109,7 +109,7 @@ class CodingTask:
 
     @classmethod
     def from_coding_task(cls, task: Mapping[str, Any]) -> "CodingTask":
-        """A coding task's agent-side fields (otel_rl/coding/rollout.py `agent_task`); the workspace is the
+        """A coding task's agent-side fields (otel_rl/controller/coding.py `agent_task`); the workspace is the
         working directory."""
         instance, statement = task.get("instance_id"), task.get("problem_statement")
         if not isinstance(instance, str) or not instance:

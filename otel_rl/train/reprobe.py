@@ -9,9 +9,9 @@ from typing import TYPE_CHECKING
 from rich.console import Console
 
 from otel_rl.coding.curate import PROBE_OUTCOMES_SQL, Curation, curate, probe_outcome_params
-from otel_rl.coding.probe import probe_rollouts, run_probes
 from otel_rl.coding.tasks import load_tasks
 from otel_rl.train.groups import await_in_store
+from otel_rl.train.probe import probe_rollouts, run_probes
 from otel_rl.train.tasks import Task
 
 if TYPE_CHECKING:

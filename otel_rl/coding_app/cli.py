@@ -11,9 +11,9 @@ import typer
 
 from otel_rl.coding import sandbox
 from otel_rl.coding.grader import MAX_PATCH_BYTES, PatchError, grade
-from otel_rl.coding.store_cli import curate_command, load_command
 from otel_rl.coding.tasks import TaskError, TaskSet, load_tasks, load_tasks_and_errors
 from otel_rl.coding.workspace import make_workspace
+from otel_rl.coding_app.store_cli import curate_command, load_command
 
 tasks_app = typer.Typer(
     help="Coding tasks: SWE-bench instances plus repo_path (docs/coding.md).", no_args_is_help=True
@@ -108,11 +108,11 @@ def probe_command(
     selects from these probes."""
     import asyncio
 
-    from otel_rl.coding.probe import probe_rollouts, probe_summary, run_probes
     from otel_rl.controller.rollouts import new_id
     from otel_rl.train.config import ConfigError, load_config
     from otel_rl.train.controllers import open_runner, train_settings
     from otel_rl.train.groups import await_in_store
+    from otel_rl.train.probe import probe_rollouts, probe_summary, run_probes
     from otel_rl.train.server_client import ServerClient, server_token
 
     async def probe() -> list:

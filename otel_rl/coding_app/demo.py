@@ -21,7 +21,7 @@ import typer
 from rich.console import Console
 
 from otel_rl.coding import toy_agent, toy_tasks
-from otel_rl.coding.demo_report import arm_figures, expectations, markdown_report, plot_arms
+from otel_rl.coding_app.demo_report import arm_figures, expectations, markdown_report, plot_arms
 
 if TYPE_CHECKING:
     from otel_rl.train.config import TrainConfig

@@ -21,7 +21,8 @@ from otel_rl.auth import TOKEN_FILE
 from otel_rl.coding import sandbox
 from otel_rl.coding.forward import Network, network
 from otel_rl.coding.grader import TEST_TIMEOUT_S, GradeResult, PatchError, grade
-from otel_rl.coding.tasks import Task, TaskError, TaskSet
+from otel_rl.coding.settings import CodingSection
+from otel_rl.coding.tasks import Task, TaskError, TaskSet, load_tasks
 from otel_rl.coding.workspace import make_workspace, workspace_diff
 from otel_rl.controller.launcher import Launch
 from otel_rl.controller.rollouts import Rollout, RolloutStatus
@@ -280,3 +281,18 @@ class CodingLauncher:
                 tests={test: "missing" for test in task.expected_tests}, dropped_paths=[],
                 error=f"{type(error).__name__}: {error}", seconds=0.0,
             )  # fmt: skip
+
+
+def coding_launcher(section: CodingSection, *, admin_token: str, post_reward: RewardPoster) -> CodingLauncher:
+    """The controller's launcher for a `controller.coding` section; SandboxError where the sandbox cannot
+    start here."""
+    limits = sandbox.Limits(
+        cpu_seconds=section.cpu_seconds, memory_bytes=section.memory_bytes, processes=section.processes,
+        file_bytes=section.file_bytes, wall_seconds=section.wall_seconds,
+    )  # fmt: skip
+    grader = sandbox.Limits(cpu_seconds=section.grader_cpu_seconds, wall_seconds=section.grader_wall_seconds)
+    return CodingLauncher(
+        load_tasks(section.tasks), admin_token=admin_token, post_reward=post_reward, limits=limits,
+        grader_limits=grader, binds=section.binds, truncated_exit_codes=section.truncated_exit_codes,
+        mode=section.mode, test_timeout_s=section.grader_test_timeout_seconds,
+    )  # fmt: skip
