@@ -73,6 +73,19 @@ def is_gone(pid: int) -> bool:
         return True
 
 
+def running_children(parent: int) -> list[int]:
+    """The processes whose parent is `parent` and that have not exited (zombies count as exited)."""
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            state, ppid = stat.read_text().rsplit(")", 1)[1].split()[:2]
+        except OSError:  # it exited while we looked
+            continue
+        if int(ppid) == parent and state != "Z":
+            found.append(int(stat.parent.name))
+    return found
+
+
 @pytest.fixture(scope="module", params=["exec", "forked"])
 def probe_run(request, otel_rl_server, tmp_path_factory, monkeypatch_module):
     """One controller run of every behaviour at once (they run concurrently), as the tests' shared scene:
@@ -270,7 +283,7 @@ def test_an_attempt_cancelled_while_its_child_is_forked_leaves_no_process_and_th
     """A step ending or Ctrl-C cancels attempts at any moment, also between the fork request and the fork
     server's answer: that child is killed when the answer comes, and the server keeps serving."""
     survived = tmp_path / "survived"
-    slow = tmp_path / "slow.py"
+    slow = tmp_path / "slow.py"  # a harness that would leave a mark a second in, were it left running
     slow.write_text(f"import pathlib, time\ntime.sleep(1)\npathlib.Path({str(survived)!r}).write_text('')\n")
     quick = tmp_path / "quick.py"
     quick.write_text("")
@@ -292,13 +305,25 @@ def test_an_attempt_cancelled_while_its_child_is_forked_leaves_no_process_and_th
                 cancelled_in_flight += attempt.cancelled()
             assert cancelled_in_flight
             last = await server.spawn([sys.executable, str(quick)], {}, tmp_path / "last.log", 0)
-            return await last.wait()
+            exit_code = await last.wait()
+            # Every child the fork server forked has ended (it reaps them): none of the cancelled ones runs.
+            [fork_server] = [
+                pid
+                for pid in running_children(os.getpid())
+                if b"forkserver" in Path(f"/proc/{pid}/cmdline").read_bytes()
+            ]
+            deadline = time.monotonic() + 10
+            while left := running_children(fork_server):
+                assert time.monotonic() < deadline, (
+                    f"forked children {left} outlived their cancelled attempts"
+                )
+                await asyncio.sleep(0.05)
+            return exit_code
         finally:
             await server.stop()
 
     assert asyncio.run(asyncio.wait_for(scene(), 30)) == 0
-    time.sleep(1.5)
-    assert not survived.exists()
+    assert not survived.exists(), "a cancelled attempt's child ran on after its cancel"
 
 
 def test_a_forked_harness_failing_before_it_runs_is_an_infra_error(otel_rl_server, tmp_path):
