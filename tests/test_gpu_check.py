@@ -49,7 +49,7 @@ def test_verl_engine_and_local_trainer_make_the_same_updates(cpu_check):
 def test_the_check_runs_without_ray_vllm_or_duckdb(cpu_check):
     result, _ = cpu_check
     assert result["imported"]["vllm"] is None and result["imported"]["duckdb"] is None
-    assert Path(result["imported"]["ray"]).is_relative_to(ROOT / "bench" / "gpu" / "standin")
+    assert Path(result["imported"]["ray"]).is_relative_to(ROOT / "bench" / "gpu" / "fixtures")
     carried = [wheel.name.lower() for wheel in (CARRY / "wheels").iterdir()]
     assert any(name.startswith("verl-0.9.1-") for name in carried)
     assert not [name for name in carried if name.startswith(("ray-", "vllm", "duckdb-"))]

@@ -67,7 +67,7 @@ def machine_names() -> set[str]:
 def import_closure() -> set[str]:
     """The distributions whose files the tiny CPU check imports, run in this process (the stand-in for Ray
     first on the path, as on the machine)."""
-    sys.path.insert(0, str(HERE / "standin"))
+    sys.path.insert(0, str(HERE / "fixtures"))
     argv = sys.argv
     sys.argv = [str(HERE / "verl_engine.py"), "--cpu", "--tiny"]
     try:

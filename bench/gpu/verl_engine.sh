@@ -23,7 +23,7 @@ run_check() {
   trap 'rm -rf "$SITE"' EXIT
   "$python" -m pip install -q --disable-pip-version-check --no-index --no-deps --no-compile \
     --target "$SITE" "$carry"/wheels/*.whl
-  PYTHONPATH="$ROOT/bench/gpu/standin:$SITE" PYTHONUNBUFFERED=1 "$python" bench/gpu/verl_engine.py "$@"
+  PYTHONPATH="$ROOT/bench/gpu/fixtures:$SITE" PYTHONUNBUFFERED=1 "$python" bench/gpu/verl_engine.py "$@"
 }
 
 case "${1:-}" in
