@@ -11,10 +11,12 @@ from pathlib import Path
 import httpx
 import polars as pl
 import pyarrow as pa
+from prometheus_client.parser import text_string_to_metric_families
 
 from otel_rl.gateway.vllm import free_ports
 
 OTEL_RL = Path(sys.executable).parent / "otel-rl"
+IN_FLIGHT = "otel_rl_http_requests_in_flight"
 
 
 class ServerProcess:
@@ -105,3 +107,16 @@ class ServerProcess:
         tables = ("spans", "call_tokens", "logs", "metric_points")
         row = self.sql("SELECT " + ", ".join(f"(SELECT count(*) FROM {t}) AS {t}" for t in tables))
         return {t: row.column(t)[0].as_py() for t in tables}
+
+    def wait_for_requests_in_flight(self, count: int, what: str, timeout_s: float = 30) -> None:
+        """Until the server is answering exactly `count` HTTP requests besides the /metrics request that
+        counts them (its otel_rl_http_requests_in_flight gauge); fails saying `what` was awaited."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            text = httpx.get(f"{self.http_url}/metrics", headers=self.auth, timeout=10).text
+            [family] = (f for f in text_string_to_metric_families(text) if f.name == IN_FLIGHT)
+            others = int(family.samples[0].value) - 1
+            if others == count:
+                return
+            assert time.monotonic() < deadline, f"{what}: {others} requests in flight, not {count}"
+            time.sleep(0.05)

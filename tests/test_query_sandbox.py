@@ -198,10 +198,11 @@ def test_abandoned_queries_are_stopped_and_exports_and_health_stay_responsive(sa
 
 
 def test_more_queries_than_the_bound_wait_briefly_then_get_429(sandboxed) -> None:
+    sandboxed.wait_for_requests_in_flight(0, "the earlier tests' requests to end")
     running = [threading.Thread(target=ask, args=(sandboxed, SLOW)) for _ in range(2)]
     for thread in running:
         thread.start()
-    time.sleep(0.5)
+    sandboxed.wait_for_requests_in_flight(2, "both slow queries running", timeout_s=QUERY_TIMEOUT_S - 2)
 
     response = ask(sandboxed, "SELECT 1")
 
@@ -292,7 +293,7 @@ def test_public_docs_and_metrics_when_asked_and_shutdown_does_not_wait_for_a_que
         answers: list[httpx.Response] = []
         slow = threading.Thread(target=lambda: answers.append(ask(server, SLOW)))
         slow.start()
-        time.sleep(0.5)
+        server.wait_for_requests_in_flight(1, "the slow query running")
         started = time.monotonic()
     finally:
         server.stop(timeout=10)
