@@ -28,7 +28,7 @@ from otel_rl_server import ServerProcess  # noqa: E402 - the tests' real-server 
 from test_ui_api import emit_rollout  # noqa: E402 - a gateway-recorded two-call rollout
 from test_ui_pages import chromium, with_page  # noqa: E402 - the DevTools driver
 
-from otel_rl.store import reads  # noqa: E402
+from otel_rl.store import ui_reads  # noqa: E402
 from otel_rl.store.connection import connect  # noqa: E402
 from otel_rl.ui.inspector import Tokenizer, rollout_samples  # noqa: E402
 
@@ -121,7 +121,7 @@ def floors(db: Path, rollout_id: str) -> tuple[float, float]:
         spent += time.perf_counter() - start
         return pl.from_arrow(table)
 
-    rollouts_s = best_of(3, lambda: reads.rollouts_page(timed))
+    rollouts_s = best_of(3, lambda: ui_reads.rollouts_page(timed))
     inspector = []
     for _ in range(3):
         spent = 0.0

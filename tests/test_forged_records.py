@@ -18,7 +18,7 @@ from typer.testing import CliRunner
 
 from otel_rl import attributes as attr
 from otel_rl.cli import app
-from otel_rl.store import reads
+from otel_rl.store import reads, ui_reads
 from otel_rl.transforms.rewards import DEFAULT_TRUSTED_SOURCES
 
 TEN_YEARS_NS = 10 * 365 * 86400 * 10**9
@@ -150,9 +150,9 @@ def test_a_forged_trainer_step_never_shows_as_a_step(otel_rl_server) -> None:
     stored = f"SELECT count(*) FROM spans WHERE attributes ->> '{attr.TRAIN_RUN_ID}' = '{run_id}'"
     assert otel_rl_server.scalar(stored) == 1
 
-    runs = reads.training_runs(otel_rl_server.run)["run_id"].to_list()
+    runs = ui_reads.training_runs(otel_rl_server.run)["run_id"].to_list()
     assert run_id not in runs
-    assert reads.training_steps(otel_rl_server.run, run_id).height == 0
+    assert ui_reads.training_steps(otel_rl_server.run, run_id).height == 0
 
 
 def test_a_forged_grader_reward_never_is_the_trusted_reward(otel_rl_server) -> None:

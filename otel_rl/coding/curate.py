@@ -1,5 +1,6 @@
-"""Curation by difficulty probes: each task's trusted rewards in the store decide whether it trains (mixed
-outcomes, and a capped share of always-fail tasks), and tasks of an evaluation set's repositories never do."""
+"""Curation by difficulty probes: each task's trusted rewards in the store (store/reads.py `probe_outcomes`)
+decide whether it trains (mixed outcomes, and a capped share of always-fail tasks), and tasks of an
+evaluation set's repositories never do."""
 
 import random
 from dataclasses import dataclass
@@ -7,29 +8,6 @@ from dataclasses import dataclass
 import polars as pl
 
 from otel_rl.coding.tasks import Task
-
-# One row a task: its probes (rollouts with a trusted reward; infrastructure failures have none), passes,
-# and passes of rollouts a detector flagged (hack_flags). Its one parameter, bound: the group-id prefix of
-# one probe run (`otel-rl tasks probe --probe-id`), '' for every rollout of the task. The selection below
-# runs on its result.
-PROBE_OUTCOMES_SQL = """
-SELECT
-    r.task_id,
-    count(*) AS probes,
-    count(*) FILTER (WHERE r.outcome_reward >= 1) AS passes,
-    count(*) FILTER (WHERE r.outcome_reward >= 1 AND f.rollout_id IS NOT NULL) AS flagged_passes
-FROM rollouts r
-LEFT JOIN hack_flags f USING (rollout_id)
-WHERE r.task_id IS NOT NULL AND r.outcome_reward IS NOT NULL
-    AND starts_with(coalesce(r.group_id, ''), $group_prefix)
-GROUP BY r.task_id
-ORDER BY r.task_id
-"""
-
-
-def probe_outcome_params(probe_id: str | None) -> dict[str, str]:
-    """PROBE_OUTCOMES_SQL's parameters: one probe run's rollouts (its groups are `<probe_id>-...`), or all."""
-    return {"group_prefix": f"{probe_id}-" if probe_id else ""}
 
 
 @dataclass(frozen=True)

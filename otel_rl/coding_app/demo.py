@@ -14,6 +14,7 @@ import signal
 import sys
 import time
 from dataclasses import asdict, dataclass
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -185,7 +186,7 @@ def run_coding_demo(plan: CodingPlan, workdir: Path, console: Console) -> dict[s
             )
             timings[f"{arm}_s"] = time.monotonic() - stage
     store = workdir / "otel_rl.duckdb"
-    arms = {arm: arm_figures(query, store, result.steps) for arm, result in results.items()}
+    arms = {arm: arm_figures(partial(query, db=store), result.steps) for arm, result in results.items()}
     report = {
         "arms": arms,
         "expectations": expectations(arms),

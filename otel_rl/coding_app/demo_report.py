@@ -1,25 +1,15 @@
 """The coding demo's figures, read from the store's views: hack rate and true pass rate per step and arm, the
 pre-registered expectations checked against them, a plot and a Markdown report."""
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import polars as pl
 
+from otel_rl.store import reads
 from otel_rl.train.records import StepRecord
 
-# Every train rollout of the demo: the weak grader's verdict (the harness's pytest exit status), the truth
-# (the grader's hidden tests, outside the sandbox) and the detectors that flagged it.
-ROLLOUTS_SQL = """
-SELECT r.group_id, r.rollout_id, r.status,
-       r.outcome_rewards_by_source['harness'] AS proxy,
-       r.outcome_rewards_by_source['grader'] AS truth,
-       f.detectors,
-       to_json(f.evidence) AS evidence
-FROM rollouts r LEFT JOIN hack_flags f USING (rollout_id)
-WHERE r.split = 'train' AND r.group_id IS NOT NULL
-"""
 SQL_TO_TRY = (
     ("flagged rollouts: the detectors and the tool call that tripped each",
      "SELECT rollout_id, detectors, evidence FROM hack_flags LIMIT 20"),
@@ -48,12 +38,10 @@ def _rates(rows: pl.DataFrame) -> dict[str, Any]:
     }
 
 
-def arm_figures(
-    query: Callable[..., pl.DataFrame], store: Path, steps: Sequence[StepRecord]
-) -> dict[str, Any]:
+def arm_figures(read: reads.Run, steps: Sequence[StepRecord]) -> dict[str, Any]:
     """One arm's figures: per step (the rollouts of the groups each update trained on), and at the start
     and end (the mean of the first and last quarter of the steps, at least one step each)."""
-    frame = query(ROLLOUTS_SQL, db=store)
+    frame = reads.demo_train_rollouts(read)
     per_step = []
     for record in steps:
         rows = frame.filter(pl.col("group_id").is_in(record.group_ids))

@@ -4,6 +4,7 @@ server holding it (as `otel-rl archive` and `otel-rl sql` choose)."""
 from __future__ import annotations
 
 import os
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
@@ -142,14 +143,14 @@ def curate_command(
     `<out stem>.audit.jsonl`. Prints one JSON summary line."""
     import json
 
-    from otel_rl.coding.curate import PROBE_OUTCOMES_SQL, curate, probe_outcome_params
+    from otel_rl.coding.curate import curate
     from otel_rl.query import QueryError, query
+    from otel_rl.store import reads
 
     tasks = _task_set(file).tasks
     eval_repos = {task.repo for task in _task_set(exclude_repos_of).tasks} if exclude_repos_of else set()
     try:
-        params = probe_outcome_params(probe_id)
-        outcomes = query(PROBE_OUTCOMES_SQL, params=params, db=db, server=server, token=token)
+        outcomes = reads.probe_outcomes(partial(query, db=db, server=server, token=token), probe_id)
         share = always_fail_share
         chosen = curate(tasks, outcomes, always_fail_share=share, eval_repos=eval_repos, seed=seed)
     except (QueryError, ValueError) as error:

@@ -1,10 +1,11 @@
-"""Every read the system makes of its own store, as named functions returning polars frames.
+"""Every read the trainer makes of its own store, as named functions returning polars frames.
 
-The trainer's (its groups, resume, evaluation), the samples pipeline's, the web view's and the metrics' reads
-all live here. Each takes `run(sql, params)`: the server's /v1/query (train/server_client.py),
-`otel_rl.query`, or the store itself. Values are bound by DuckDB, never pasted into the SQL: the only text
-joined into a statement is a name from a fixed list in this module or otel_rl/attributes.py (columns,
-attribute keys, scope and span names).
+The online loop's (its groups, resume, evaluation), the samples pipeline's and the metrics' reads live here,
+the web view's in ui_reads.py: no other module queries the store. Each takes `run(sql, params)`: the
+server's /v1/query (train/server_client.py), `otel_rl.query`, or the store itself. Values are bound by
+DuckDB, never pasted into the SQL: the only text joined into a statement is a name from a fixed list in
+these modules or otel_rl/attributes.py (columns, attribute keys, scope and span names). A record's rollout
+identity is read from the raw tables' identity columns, resolved once at ingest (store/identity.py).
 """
 
 from __future__ import annotations
@@ -40,76 +41,12 @@ MESSAGE_COLUMNS = ("input_messages", "output_messages", "tool_definitions")
 REWARD_COLUMNS = ("rollout_id", "span_id", "level", "name", "value", "source", "time", "received_at", "seq")
 FLAGS_COLUMN = "hack_detectors"  # the rollout's detectors (a list), null when none flagged it
 
-# The web view's pages (ui/routes.py).
-PAGE_ROLLOUT_COLUMNS = (
-    "rollout_id",
-    "split",
-    "status",
-    "outcome_reward",
-    "group_id",
-    "task_id",
-    "started_at",
-    "duration_ms",
-    "n_calls",
-    "n_error_calls",
-    "service_name",
-    "policy_version_min",
-    "policy_version_max",
-    "exit_code",
-)
-PAGE_CALL_COLUMNS = (
-    "span_id",
-    "trace_id",
-    "parent_span_id",
-    "started_at",
-    "ended_at",
-    "duration_ms",
-    "request_model",
-    "response_model",
-    "input_tokens",
-    "output_tokens",
-    "cache_read_tokens",
-    "is_error",
-    "error_type",
-    "policy_version",
-    "finish_reasons",
-    "dialect",
-    "input_messages",
-    "output_messages",
-)
-# The figures of a training step span (otel_rl.train.<name>; records.StepRecord) the training page draws.
-STEP_FIGURES = (
-    "reward_mean",
-    "success_rate",
-    "rollouts",
-    "samples",
-    "sampled_tokens",
-    "stale_groups",
-    "screened",
-    "collect_s",
-    "transform_s",
-    "train_s",
-    "save_s",
-    "reload_s",
-    "paused_s",
-    "drain_s",
-    "wall_s",
-    "transform_wait_s",
-    "transform_read_s",
-    "transform_build_s",
-)
-TRAINER_FIGURES = ("loss", "mismatch", "is_weight_mean", "grad_norm")
-EVAL_FIGURES = ("reward_mean", "success_rate", "rollouts", "wall_s")
-RELOAD_PHASES = ("drain", "pause", "reload", "verify", "resume", "total")
-
 # Spans the server vouches for (`sender`, set at ingest): a rollout key can send spans in any scope, so the
 # controller's, the gateway's and the trainer's records are read from these senders only, the latest by the
 # server's receive order (`commit_seq`), never by a sender's clock.
-_VOUCHED = f"sender IN ({', '.join(f'$sender{i}' for i in range(len(VOUCHED_SENDERS)))})"  # named
+VOUCHED = f"sender IN ({', '.join(f'$sender{i}' for i in range(len(VOUCHED_SENDERS)))})"  # named
 _VOUCHED_LISTED = f"sender IN ({', '.join('?' * len(VOUCHED_SENDERS))})"  # positional
-_RECEIVED = "(commit_seq, start_time_unix_nano)"  # spans of one commit by their start
-_ATTEMPT = f"attributes ->> '{attr.ATTEMPT_ID}'"
-_GROUP = f"attributes ->> '{attr.GROUP_ID}'"
+RECEIVED = "(commit_seq, start_time_unix_nano)"  # spans of one commit by their start
 
 
 def _in(column: str, n: int) -> str:
@@ -124,8 +61,8 @@ def _by_ids(ids: Sequence[str], read: Callable[[Sequence[str]], pl.DataFrame]) -
     return pl.concat([read(chunk) for chunk in chunks], how="vertical_relaxed")
 
 
-def _vouched(**named: object) -> dict[str, object]:
-    """The named parameters of a statement with _VOUCHED, and `named`."""
+def vouched(**named: object) -> dict[str, object]:
+    """The named parameters of a statement with VOUCHED, and `named`."""
     return {f"sender{i}": sender for i, sender in enumerate(VOUCHED_SENDERS)} | named
 
 
@@ -137,13 +74,13 @@ def attempt_progress(run: Run, attempt_ids: Sequence[str], since_ns: int) -> pl.
     (`finished`), and its oldest call's `policy_version`. The time bound lets DuckDB skip older row groups:
     without it every poll parsed every stored call's attributes."""
     sql = (
-        f"SELECT attributes ->> '{attr.ATTEMPT_ID}' AS attempt_id,"
+        "SELECT attempt_id,"
         f" bool_or(scope_name = '{attr.CONTROLLER_SCOPE}') AS finished,"
         f" min(TRY_CAST(attributes ->> '{attr.POLICY_VERSION}' AS INTEGER))"
         f" FILTER (WHERE scope_name = '{attr.GATEWAY_SCOPE}') AS policy_version"
         f" FROM spans WHERE start_time_unix_nano >= ? AND {_VOUCHED_LISTED}"
         f" AND scope_name IN ('{attr.CONTROLLER_SCOPE}', '{attr.GATEWAY_SCOPE}')"
-        f" AND {_in(_ATTEMPT, len(attempt_ids))} GROUP BY 1"
+        f" AND {_in('attempt_id', len(attempt_ids))} GROUP BY 1"
     )
     return run(sql, [since_ns, *VOUCHED_SENDERS, *attempt_ids])
 
@@ -153,15 +90,13 @@ def final_attempts(run: Run, group_ids: Sequence[str], since_ns: int | None = No
     `status`, `group_id`, `task_id`) and when it started (`attempt_start_ns`). With `since_ns` (before every
     final attempt's start), DuckDB skips the row groups written before."""
     sql = (
-        f"SELECT attributes ->> '{attr.ROLLOUT_ID}' AS rollout_id,"
-        f" arg_max(attributes ->> '{attr.ATTEMPT_ID}', {_RECEIVED}) AS final_attempt,"
-        f" any_value(attributes ->> '{attr.GROUP_ID}') AS group_id,"
-        f" any_value(attributes ->> '{attr.TASK_ID}') AS task_id,"
-        f" arg_max(attributes ->> '{attr.ROLLOUT_STATUS}', {_RECEIVED}) AS status,"
+        f"SELECT rollout_id, arg_max(attempt_id, {RECEIVED}) AS final_attempt,"
+        " any_value(group_id) AS group_id, any_value(task_id) AS task_id,"
+        f" arg_max(attributes ->> '{attr.ROLLOUT_STATUS}', {RECEIVED}) AS status,"
         " max(start_time_unix_nano) AS attempt_start_ns"
         f" FROM spans WHERE scope_name = '{attr.CONTROLLER_SCOPE}' AND name = '{attr.ROLLOUT_SPAN_NAME}'"
         f" AND {_VOUCHED_LISTED}{'' if since_ns is None else ' AND start_time_unix_nano >= ?'}"
-        f" AND {_in(_GROUP, len(group_ids))} GROUP BY 1"
+        f" AND {_in('group_id', len(group_ids))} GROUP BY 1"
     )
     since = [] if since_ns is None else [since_ns]
     return run(sql, [*VOUCHED_SENDERS, *since, *group_ids])
@@ -242,190 +177,38 @@ def hack_flags(run: Run, rollout_ids: Sequence[str]) -> pl.DataFrame:
     return _by_ids(rollout_ids, lambda ids: run(sql + _in("rollout_id", len(ids)), list(ids)))
 
 
-# ---------------------------------------------------------------------------------------------- the web view
+# ---------------------------------------------------------------------------------- the coding environment
 
 
-def rollouts_page(
-    run: Run,
-    *,
-    split: str | None = None,
-    status: str | None = None,
-    group: str | None = None,
-    task: str | None = None,
-    harness: str | None = None,
-    min_reward: float | None = None,
-    max_reward: float | None = None,
-    since: datetime | None = None,
-    until: datetime | None = None,
-    limit: int = 200,
-    offset: int = 0,
-) -> pl.DataFrame:
-    """One page of the rollouts table, newest first; one row more than `limit` says there are more. Each
-    filter given narrows it (`harness`: the service name)."""
-    conditions = {
-        "split = $split": split,
-        "status = $status": status,
-        "group_id = $group": group,
-        "task_id = $task": task,
-        "service_name = $harness": harness,
-        "outcome_reward >= $min_reward": min_reward,
-        "outcome_reward <= $max_reward": max_reward,
-        "started_at >= $since::TIMESTAMPTZ": since and since.isoformat(),
-        "started_at <= $until::TIMESTAMPTZ": until and until.isoformat(),
-    }
-    used = {condition: value for condition, value in conditions.items() if value not in (None, "")}
-    named = {condition.split("$")[1].split(":")[0]: value for condition, value in used.items()}
+def probe_outcomes(run: Run, probe_id: str | None) -> pl.DataFrame:
+    """One row a task (`task_id`): its probes (rollouts with a trusted reward; infrastructure failures have
+    none), `passes`, and `flagged_passes` (passes of rollouts a detector flagged, hack_flags): of one probe
+    run's rollouts (`otel-rl tasks probe --probe-id`: its groups are `<probe_id>-...`), or of every rollout
+    of the task when `probe_id` is None. Curation (coding/curate.py) selects on it."""
     sql = (
-        f"SELECT {', '.join(PAGE_ROLLOUT_COLUMNS)}, epoch_ms(started_at) AS started_ms FROM rollouts"
-        f" WHERE {' AND '.join(used) or 'true'}"
-        " ORDER BY started_at DESC NULLS LAST, rollout_id LIMIT $limit OFFSET $offset"
+        "SELECT r.task_id, count(*) AS probes,"
+        " count(*) FILTER (WHERE r.outcome_reward >= 1) AS passes,"
+        " count(*) FILTER (WHERE r.outcome_reward >= 1 AND f.rollout_id IS NOT NULL) AS flagged_passes"
+        " FROM rollouts r LEFT JOIN hack_flags f USING (rollout_id)"
+        " WHERE r.task_id IS NOT NULL AND r.outcome_reward IS NOT NULL"
+        " AND starts_with(coalesce(r.group_id, ''), $group_prefix)"
+        " GROUP BY r.task_id ORDER BY r.task_id"
     )
-    return run(sql, {**named, "limit": limit + 1, "offset": offset})
+    return run(sql, {"group_prefix": f"{probe_id}-" if probe_id else ""})
 
 
-def rollout(run: Run, rollout_id: str) -> pl.DataFrame:
-    """The rollout's row of the `rollouts` view (none: no such rollout)."""
-    return run(
-        "SELECT *, epoch_ms(started_at) AS started_ms FROM rollouts WHERE rollout_id = $1", [rollout_id]
-    )
-
-
-def rollout_timeline_calls(run: Run, rollout_id: str) -> pl.DataFrame:
-    """The rollout's model calls in time order, messages and usage included."""
+def demo_train_rollouts(run: Run) -> pl.DataFrame:
+    """Every train rollout of the coding demo (its group, id, status): the weak grader's verdict (`proxy`,
+    the harness's pytest exit status), the truth (`truth`, the grader's hidden tests, outside the sandbox)
+    and the detectors that flagged it (`detectors`, `evidence` as JSON)."""
     sql = (
-        f"SELECT {', '.join(PAGE_CALL_COLUMNS)}, epoch_ms(started_at) AS started_ms,"
-        " epoch_ms(ended_at) AS ended_ms FROM llm_calls WHERE rollout_id = $1"
-        " ORDER BY start_time_unix_nano, span_id"
+        "SELECT r.group_id, r.rollout_id, r.status,"
+        " r.outcome_rewards_by_source['harness'] AS proxy, r.outcome_rewards_by_source['grader'] AS truth,"
+        " f.detectors, to_json(f.evidence) AS evidence"
+        " FROM rollouts r LEFT JOIN hack_flags f USING (rollout_id)"
+        " WHERE r.split = 'train' AND r.group_id IS NOT NULL"
     )
-    return run(sql, [rollout_id])
-
-
-def rollout_tools(run: Run, rollout_id: str) -> pl.DataFrame:
-    """The tool calls the rollout's model calls asked for, with the times of the tool spans that ran them."""
-    sql = (
-        "SELECT t.span_id, t.choice_index, t.tool_call_id, t.name, t.arguments, t.result, t.tool_span_id,"
-        " (s.start_time_unix_nano // 1000000)::BIGINT AS started_ms,"
-        " (s.end_time_unix_nano // 1000000)::BIGINT AS ended_ms"
-        " FROM tool_calls t LEFT JOIN spans s ON s.trace_id = t.tool_trace_id AND s.span_id = t.tool_span_id"
-        " WHERE t.rollout_id = $1"
-    )
-    return run(sql, [rollout_id])
-
-
-def rollout_steps(run: Run, rollout_id: str) -> pl.DataFrame:
-    """The rollout's agent steps in time order."""
-    sql = (
-        "SELECT span_id, parent_span_id, kind, agent_name, name, epoch_ms(started_at) AS started_ms,"
-        " epoch_ms(ended_at) AS ended_ms, duration_ms, is_error"
-        " FROM agent_steps WHERE rollout_id = $1 ORDER BY start_time_unix_nano"
-    )
-    return run(sql, [rollout_id])
-
-
-def rollout_reward_rows(run: Run, rollout_id: str) -> pl.DataFrame:
-    """The rollout's rewards in time order, every source."""
-    sql = (
-        "SELECT level, name, value, label, explanation, source, span_id, epoch_ms(time) AS time_ms"
-        " FROM rewards WHERE rollout_id = $1 ORDER BY time"
-    )
-    return run(sql, [rollout_id])
-
-
-def rollout_group(run: Run, rollout_id: str) -> tuple[int, str | None]:
-    """How many spans the rollout has, and its group (span_identity: a seventh of the cost of `rollouts`)."""
-    sql = (
-        "SELECT count(*), any_value(group_id) FILTER (WHERE group_id IS NOT NULL)"
-        " FROM span_identity WHERE rollout_id = $1"
-    )
-    return run(sql, [rollout_id]).row(0)
-
-
-# The trainer's records and the gateway's reloads.
-_TRAINER = f"scope_name = '{attr.TRAIN_SCOPE}' AND {_VOUCHED}"
-_RUN = f"attributes ->> '{attr.TRAIN_RUN_ID}'"
-
-
-def _chosen_run(run_id: str | None) -> str:
-    """The statement's run: `$run`, else the latest (whose last record the server received last)."""
-    latest = f"(SELECT arg_max({_RUN}, {_RECEIVED}) FROM spans WHERE {_TRAINER})"
-    return f"{_RUN} = {'$run' if run_id else latest}"
-
-
-def _run_named(run_id: str | None) -> dict[str, object]:
-    return _vouched(run=run_id) if run_id else _vouched()
-
-
-def _figure(key: str, name: str, kind: str = "DOUBLE") -> str:
-    return f"TRY_CAST(attributes ->> '{key}' AS {kind}) AS {name}"
-
-
-def training_runs(run: Run) -> pl.DataFrame:
-    """The training runs the store recorded, the latest first."""
-    sql = (
-        f"SELECT {_RUN} AS run_id,"
-        f" count(*) FILTER (WHERE name = '{attr.TRAIN_STEP_SPAN_NAME}') AS steps,"
-        f" count(*) FILTER (WHERE name = '{attr.TRAIN_EVAL_SPAN_NAME}') AS evals,"
-        " (min(start_time_unix_nano) // 1000000)::BIGINT AS started_ms,"
-        " (max(end_time_unix_nano) // 1000000)::BIGINT AS last_ms"
-        f" FROM spans WHERE {_TRAINER} GROUP BY 1 ORDER BY last_ms DESC"
-    )
-    return run(sql, _vouched())
-
-
-def training_steps(run: Run, run_id: str | None) -> pl.DataFrame:
-    """One row per optimizer step of a run (the latest when `run_id` is None), in step order."""
-    figures = [_figure(attr.TRAIN_PREFIX + name, name) for name in STEP_FIGURES]
-    figures += [_figure(f"{attr.TRAIN_PREFIX}trainer.{name}", name) for name in TRAINER_FIGURES]
-    sql = (
-        f"SELECT {_RUN} AS run_id, {_figure(attr.TRAIN_PREFIX + 'step', 'step', 'INTEGER')},"
-        f" {_figure(attr.POLICY_VERSION, 'policy_version', 'INTEGER')},"
-        f" {', '.join(figures)}, (end_time_unix_nano // 1000000)::BIGINT AS time_ms"
-        f" FROM spans WHERE {_TRAINER} AND name = '{attr.TRAIN_STEP_SPAN_NAME}' AND {_chosen_run(run_id)}"
-        " ORDER BY step, start_time_unix_nano"
-    )
-    return run(sql, _run_named(run_id))
-
-
-def training_evals(run: Run, run_id: str | None) -> pl.DataFrame:
-    """One row per evaluation of a run (each eval harness at each policy version), in step order."""
-    figures = ", ".join(_figure(attr.TRAIN_PREFIX + name, name) for name in EVAL_FIGURES)
-    sql = (
-        f"SELECT attributes ->> '{attr.TRAIN_PREFIX}name' AS eval,"
-        f" {_figure(attr.TRAIN_PREFIX + 'step', 'step', 'INTEGER')},"
-        f" {_figure(attr.POLICY_VERSION, 'policy_version', 'INTEGER')},"
-        f" {figures}, (end_time_unix_nano // 1000000)::BIGINT AS time_ms"
-        f" FROM spans WHERE {_TRAINER} AND name = '{attr.TRAIN_EVAL_SPAN_NAME}' AND {_chosen_run(run_id)}"
-        " ORDER BY step, eval"
-    )
-    return run(sql, _run_named(run_id))
-
-
-def reloads(run: Run, since_ms: int | None) -> pl.DataFrame:
-    """The gateway's weight reloads (each phase in ms), since a time (a training run's start) if given."""
-    phases = ", ".join(_figure(f"otel_rl.reload.{phase}_ms", f"{phase}_ms") for phase in RELOAD_PHASES)
-    sql = (
-        f"SELECT {_figure(attr.POLICY_VERSION, 'policy_version', 'INTEGER')}, {phases},"
-        " status_code = 2 AS failed, (start_time_unix_nano // 1000000)::BIGINT AS time_ms"
-        f" FROM spans WHERE name = '{attr.RELOAD_SPAN_NAME}' AND {_VOUCHED}"
-        f"{'' if since_ms is None else ' AND start_time_unix_nano >= $since_ns'}"
-        " ORDER BY start_time_unix_nano"
-    )
-    return run(sql, _vouched() if since_ms is None else _vouched(since_ns=int(since_ms) * 1_000_000))
-
-
-def step_rollout_versions(run: Run, run_id: str | None) -> pl.DataFrame:
-    """Per step of a run and rollout of its groups: the `policy_version` the step span records (the version
-    the step produced) and the rollout's oldest call's version (`policy_version_min`)."""
-    sql = (
-        "WITH step_groups AS ("
-        f" SELECT {_figure(attr.TRAIN_PREFIX + 'step', 'step', 'INTEGER')},"
-        f" {_figure(attr.POLICY_VERSION, 'policy_version', 'INTEGER')},"
-        f" unnest(TRY_CAST(attributes -> '{attr.TRAIN_PREFIX}group_ids' AS VARCHAR[])) AS group_id"
-        f" FROM spans WHERE {_TRAINER} AND name = '{attr.TRAIN_STEP_SPAN_NAME}' AND {_chosen_run(run_id)})"
-        " SELECT s.step, s.policy_version, r.policy_version_min"
-        " FROM step_groups s JOIN rollouts r USING (group_id) ORDER BY s.step"
-    )
-    return run(sql, _run_named(run_id))
+    return run(sql, None)
 
 
 # --------------------------------------------------------------------------------------------- the metrics

@@ -8,8 +8,9 @@ from typing import TYPE_CHECKING
 
 from rich.console import Console
 
-from otel_rl.coding.curate import PROBE_OUTCOMES_SQL, Curation, curate, probe_outcome_params
+from otel_rl.coding.curate import Curation, curate
 from otel_rl.coding.tasks import load_tasks
+from otel_rl.store import reads
 from otel_rl.train.groups import await_in_store
 from otel_rl.train.probe import probe_rollouts, run_probes
 from otel_rl.train.tasks import Task
@@ -50,8 +51,7 @@ async def reprobe(
     probe_id = probe_id_of(run_id, step)
     results = await run_probes(runner, probe_rollouts(coding_tasks, coding.probe_k, probe_id))
     await await_in_store(client, results)
-    sql, params = PROBE_OUTCOMES_SQL, probe_outcome_params(probe_id)
-    outcomes = await asyncio.to_thread(client.query, sql, params)
+    outcomes = await asyncio.to_thread(reads.probe_outcomes, client.query, probe_id)
     chosen = curate(
         coding_tasks, outcomes, always_fail_share=coding.always_fail_share, eval_repos=set(), seed=config.seed
     )

@@ -8,7 +8,8 @@ from typing import Any
 
 import polars as pl
 
-from otel_rl.store import reads
+from otel_rl.store import ui_reads
+from otel_rl.store.reads import Run
 from otel_rl.transforms.rewards import ANY_SOURCE, RewardSpec
 from otel_rl.transforms.samples import SampleOptions, build_samples, load_inputs
 from otel_rl.transforms.tokens import call_tokens
@@ -48,10 +49,10 @@ class Tokenizer:
         return None if loaded is None else loaded.batch_decode([[token] for token in ids])
 
 
-def rollout_samples(rollout_id: str, run: reads.Run, tokenizer: Tokenizer) -> dict[str, Any]:
+def rollout_samples(rollout_id: str, run: Run, tokenizer: Tokenizer) -> dict[str, Any]:
     """The rollout's samples (one per merged segment), each token with its mask, logprob and advantage,
     and where each model call's tokens are; or why the pipeline made none."""
-    spans, group_id = reads.rollout_group(run, rollout_id)
+    spans, group_id = ui_reads.rollout_group(run, rollout_id)
     if spans == 0:
         raise RolloutNotFound(f"no rollout {rollout_id!r} in the store")
     where, params = (

@@ -21,7 +21,8 @@ from otel_rl.auth import Auth, admin_required
 from otel_rl.csv_text import csv_text
 from otel_rl.input_rules import MAX_ID_CHARS  # rollout, group, task and run ids (HTTP 422 if longer)
 from otel_rl.query_api import QuerySlots, json_bytes
-from otel_rl.store import Store, reads
+from otel_rl.store import Store, ui_reads
+from otel_rl.store.reads import Params, Run
 from otel_rl.store.sandbox import (
     QueryFailed,
     QueryInterrupted,
@@ -79,7 +80,7 @@ def ui_router(
     admin = [Depends(admin_required(auth))]
     tokenizer = Tokenizer(tokenizer_folder)
 
-    def run(sql: str, params: reads.Params | None, deadline: float) -> pl.DataFrame:
+    def run(sql: str, params: Params | None, deadline: float) -> pl.DataFrame:
         left = deadline - time.monotonic()
         if left <= 0:
             raise HTTPException(408, f"the page's queries took longer than {timeout_s:g} s (--query-timeout)")
@@ -98,7 +99,7 @@ def ui_router(
         except QueryInterrupted as exc:
             raise HTTPException(503, str(exc), headers={"Retry-After": "1"}) from None
 
-    def within() -> reads.Run:
+    def within() -> Run:
         """The reads of one request: together within the deadline of its queries."""
         deadline = time.monotonic() + timeout_s
         return lambda sql, params: run(sql, params, deadline)
@@ -122,7 +123,7 @@ def ui_router(
 
     @router.get("/ui/api/rollouts", dependencies=admin, summary="The rollouts table, filtered, newest first")
     def rollouts(filters: Annotated[RolloutFilter, Query()], format: FormatParam = Format.json) -> Response:
-        table = reads.rollouts_page(within(), **filters.model_dump())
+        table = ui_reads.rollouts_page(within(), **filters.model_dump())
         more = table.height > filters.limit
         table = table.slice(0, filters.limit)
         if format is not Format.json:
@@ -135,15 +136,15 @@ def ui_router(
     @router.get("/ui/api/rollouts/{rollout_id}", dependencies=admin, summary="One rollout and its timeline")
     def rollout(rollout_id: RolloutId) -> dict[str, Any]:
         read = within()
-        found = reads.rollout(read, rollout_id)
+        found = ui_reads.rollout(read, rollout_id)
         if found.height == 0:
             raise HTTPException(404, f"no rollout {rollout_id!r} in the store")
         return {
             "rollout": rows(found)[0],
-            "calls": rows(reads.rollout_timeline_calls(read, rollout_id)),
-            "tools": rows(reads.rollout_tools(read, rollout_id)),
-            "steps": rows(reads.rollout_steps(read, rollout_id)),
-            "rewards": rows(reads.rollout_reward_rows(read, rollout_id)),
+            "calls": rows(ui_reads.rollout_timeline_calls(read, rollout_id)),
+            "tools": rows(ui_reads.rollout_tools(read, rollout_id)),
+            "steps": rows(ui_reads.rollout_steps(read, rollout_id)),
+            "rewards": rows(ui_reads.rollout_reward_rows(read, rollout_id)),
         }
 
     @router.get(
@@ -163,25 +164,25 @@ def ui_router(
 
     @router.get("/ui/api/training/runs", dependencies=admin, summary="The training runs the store recorded")
     def training_runs() -> list[dict[str, Any]]:
-        return rows(reads.training_runs(within()))
+        return rows(ui_reads.training_runs(within()))
 
     @router.get("/ui/api/training/{chart}", dependencies=admin, summary="One chart of the training page")
     def training(chart: TrainingChart, run_id: RunId = None, format: FormatParam = Format.json) -> Response:
         read = within()
         if chart == "steps":
-            table = reads.training_steps(read, run_id)
+            table = ui_reads.training_steps(read, run_id)
         elif chart == "evals":
-            table = reads.training_evals(read, run_id)
+            table = ui_reads.training_evals(read, run_id)
         elif chart == "staleness":
-            table = staleness(reads.step_rollout_versions(read, run_id))
+            table = staleness(ui_reads.step_rollout_versions(read, run_id))
         else:
-            table = reads.reloads(read, run_started_ms(run_id, read))
+            table = ui_reads.reloads(read, run_started_ms(run_id, read))
         if format is not Format.json:
             return download(table, f"training-{chart}", format)
         return Response(json_bytes(table), media_type="application/json")
 
-    def run_started_ms(run_id: str | None, read: reads.Run) -> int | None:
-        runs = rows(reads.training_runs(read))
+    def run_started_ms(run_id: str | None, read: Run) -> int | None:
+        runs = rows(ui_reads.training_runs(read))
         chosen = [r for r in runs if r["run_id"] == run_id] if run_id else runs[:1]
         return chosen[0]["started_ms"] if chosen else None
 
