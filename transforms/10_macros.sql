@@ -187,3 +187,7 @@ CREATE OR REPLACE MACRO vouched(sender) AS coalesce(sender IN ('server', 'admin'
 -- The reward sources trusted by default, as training trusts them (otel_rl/transforms/rewards.py
 -- DEFAULT_TRUSTED_SOURCES): what `rollouts.outcome_reward` shows.
 CREATE OR REPLACE MACRO trusted_reward_source(source) AS coalesce(source IN ('grader'), false);
+
+-- The name of the reward training uses by default (RewardSpec.name, a training config's `reward.name`):
+-- what `rollouts.outcome_reward` shows; every other name is in `rollouts.outcome_rewards_by_name`.
+CREATE OR REPLACE MACRO outcome_reward_name() AS 'outcome';

@@ -5,7 +5,7 @@
 -- them; rollouts reads the outcome records through the same fields.
 CREATE OR REPLACE VIEW reward_records AS
 WITH span_events AS (
-    SELECT s.trace_id, s.span_id, s.rollout_id, s.received_at, e.event
+    SELECT s.trace_id, s.span_id, s.rollout_id, s.received_at, s.sender, e.event
     FROM spans s, unnest(json_extract(s.events, '$[*]')) AS e(event)
     -- a cheap text test first, so that only spans carrying the event have their events parsed
     WHERE contains(s.events::VARCHAR, 'gen_ai.evaluation.result')
@@ -20,7 +20,8 @@ evaluations AS (
         ns_time(TRY_CAST(event ->> 'time_unix_nano' AS UBIGINT)) AS time,
         received_at,
         NULL::UBIGINT AS seq,
-        'span_event' AS origin
+        'span_event' AS origin,
+        sender
     FROM span_events
     UNION ALL
     SELECT
@@ -31,7 +32,8 @@ evaluations AS (
         ns_time(coalesce(nullif(time_unix_nano, 0), observed_time_unix_nano)) AS time,
         received_at,
         seq,
-        'log' AS origin
+        'log' AS origin,
+        sender
     FROM logs
     WHERE event_name = 'gen_ai.evaluation.result'
 )
@@ -54,7 +56,10 @@ SELECT
     -- which no sender's clock can move
     time,
     received_at,
-    seq
+    seq,
+    -- whether the server vouches for the record's sender (its own components, the admin token's holder):
+    -- a source a rollout key's sender names is rewritten to `harness`, but who sent it is this
+    vouched(sender) AS vouched
 FROM evaluations;
 
 CREATE OR REPLACE VIEW rewards AS
@@ -89,7 +94,8 @@ SELECT
     r.origin,
     r.time,
     r.received_at,
-    r.seq
+    r.seq,
+    r.vouched
 FROM placed r
 -- a turn reward only on a call of its own rollout: a record naming one rollout and parented to another's
 -- call (a rollout key's, sent with another rollout's span id) stays its own rollout's outcome-level row

@@ -72,31 +72,42 @@ calls AS (
     WHERE rollout_id IS NOT NULL AND gateway_call IS NULL  -- the rows of llm_calls
     GROUP BY rollout_id
 ),
--- The rewards view's outcome rows, placed there (40_rewards.sql). The latest by the server's receive order,
--- never by the sender's clock.
+-- The rewards view's outcome rows, under every name, placed there (40_rewards.sql). The latest by the
+-- server's receive order, never by the sender's clock.
 outcome_records AS MATERIALIZED (
-    SELECT rollout_id, source, value, {'received_at': received_at, 'seq': coalesce(seq, 0)} AS received
+    SELECT rollout_id, coalesce(name, '(none)') AS name, source, coalesce(source, '(none)') AS shown_source,
+           value, vouched,
+           {'received_at': received_at, 'seq': coalesce(seq, 0)} AS received
     FROM rewards
-    WHERE name = 'outcome' AND level = 'outcome' AND rollout_id IS NOT NULL
+    WHERE level = 'outcome' AND rollout_id IS NOT NULL
 ),
--- The reward training uses by default (its rule `last` over the trusted sources, otel_rl/transforms/
--- rewards.py), and beside it the latest value of every source, the untrusted ones (a harness's self-report)
--- included.
+-- One rule for every name: its trusted reward is training's default (the rule `last` over the trusted
+-- sources, otel_rl/transforms/rewards.py); `reward.name: N` trains on name N's. Beside it the latest value
+-- of every source, the untrusted ones (a harness's self-report) included; a record sent without a source
+-- is under '(none)', as the reports name it.
+named_outcomes AS (
+    SELECT
+        rollout_id,
+        name,
+        arg_max(value, received) FILTER (WHERE trusted_reward_source(source) AND value IS NOT NULL) AS trusted,
+        list({'source': shown_source, 'value': value, 'vouched': vouched} ORDER BY shown_source)
+            FILTER (WHERE last) AS sources
+    FROM (SELECT *, row_number() OVER (PARTITION BY rollout_id, name, shown_source
+                                       ORDER BY received DESC) = 1 AS last
+          FROM outcome_records)
+    GROUP BY rollout_id, name
+),
+-- The reward named `outcome` (outcome_reward_name(): training's default name) and its sources as a map
+-- source -> value (`outcome_rewards_by_source['harness']`), then every name's (`outcome_rewards_by_name`)
 outcomes AS (
     SELECT
         rollout_id,
-        arg_max(value, received) FILTER (WHERE trusted_reward_source(source) AND value IS NOT NULL)
-            AS outcome_reward
-    FROM outcome_records
-    GROUP BY rollout_id
-),
--- A map source -> value (`outcome_rewards_by_source['harness']`); a record sent without a source is under
--- '(none)', as the reports name it (one key each: grouped by the key itself).
-outcome_sources AS (
-    SELECT rollout_id, map_from_entries(list({'k': source, 'v': value} ORDER BY source))
-        AS outcome_rewards_by_source
-    FROM (SELECT rollout_id, coalesce(source, '(none)') AS source, arg_max(value, received) AS value
-          FROM outcome_records GROUP BY ALL)
+        any_value(trusted) FILTER (WHERE name = outcome_reward_name()) AS outcome_reward,
+        any_value(map_from_entries([{'k': e.source, 'v': e.value} FOR e IN sources]))
+            FILTER (WHERE name = outcome_reward_name()) AS outcome_rewards_by_source,
+        map_from_entries(list({'k': name, 'v': {'trusted': trusted, 'sources': sources}} ORDER BY name))
+            AS outcome_rewards_by_name
+    FROM named_outcomes
     GROUP BY rollout_id
 )
 
@@ -125,10 +136,10 @@ SELECT
     s.trace_ids,
     c.policy_version_min,
     c.policy_version_max,
-    os.outcome_rewards_by_source
+    o.outcome_rewards_by_source,
+    o.outcome_rewards_by_name
 FROM summary s
 LEFT JOIN controller_attempts ca USING (rollout_id)
 LEFT JOIN sdk_spans sdk USING (rollout_id)
 LEFT JOIN calls c USING (rollout_id)
-LEFT JOIN outcomes o USING (rollout_id)
-LEFT JOIN outcome_sources os USING (rollout_id);
+LEFT JOIN outcomes o USING (rollout_id);

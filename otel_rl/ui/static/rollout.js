@@ -93,12 +93,21 @@ function bySource(rewards) {
   return rewards ? Object.entries(rewards).map(([source, value]) => `${source}: ${value}`).join(", ") : null;
 }
 
+// Every outcome reward of the rollout under every name, a row per name and source: a framework's evaluation
+// under its own name beside `outcome`; `trusted` is the value training uses when configured with that name.
+function byName(rewards) {
+  const rows = Object.entries(rewards || {}).flatMap(([name, { trusted, sources }]) =>
+    sources.map((s) => ({ name, trusted, source: s.source, value: s.value, vouched: s.vouched })));
+  return rows.length ? el("div", { id: "rewards-by-name" }, table(["name", "trusted", "source", "value", "vouched"], rows)) : null;
+}
+
 export async function rolloutPage(main, id) {
   const data = await getJSON(`/ui/api/rollouts/${encodeURIComponent(id)}`);
   const r = data.rollout;
   const facts = [
     // the trusted reward (a grader's), then every source's latest: a harness's self-report shows beside it
     ["status", r.status], ["reward", r.outcome_reward], ["reward by source", bySource(r.outcome_rewards_by_source)],
+    ["rewards by name", byName(r.outcome_rewards_by_name)],
     ["split", r.split], ["group", r.group_id], ["task", r.task_id],
     ["harness", r.service_name], ["attempt", r.attempt_id], ["exit code", r.exit_code], ["started", time(r.started_ms)],
     ["calls", `${r.n_calls} (${r.n_error_calls} failed)`], ["policy versions", r.policy_version_min === null ? null : `${r.policy_version_min}–${r.policy_version_max}`],
