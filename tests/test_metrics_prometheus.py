@@ -101,6 +101,10 @@ class Prometheus:
             assert time.monotonic() < deadline, f"{promql} never matched; last: {result}"
             time.sleep(0.5)
 
+    def wait_for_value(self, promql: str, expected: float, timeout_s: float = 30) -> None:
+        """Until `promql` gives one sample, of value `expected`."""
+        self.wait_for(promql, lambda result: [float(r["value"][1]) for r in result] == [expected], timeout_s)
+
 
 @pytest.fixture
 def scraped_server(tmp_path: Path) -> Iterator[tuple[ServerProcess, Prometheus, FakeVLLM]]:
@@ -116,12 +120,18 @@ def scraped_server(tmp_path: Path) -> Iterator[tuple[ServerProcess, Prometheus, 
             server.stop()
 
 
+MAX_TOKENS = 8  # the fake's reply, "Fake reply 0." (13 byte tokens), is cut there
+
+
 def model_calls(server: ServerProcess) -> None:
     url = f"{server.http_url}/v1/chat/completions"
-    body = {"model": MODEL, "messages": [{"role": "user", "content": "What is 6 * 7?"}], "max_tokens": 8}
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "What is 6 * 7?"}]}
     for stream in (False, False, True):
-        answer = httpx.post(url, json=body | {"stream": stream}, headers=server.auth, timeout=30)
+        asked = body | {"stream": stream, "max_tokens": MAX_TOKENS}
+        answer = httpx.post(url, json=asked, headers=server.auth, timeout=30)
         assert answer.status_code == 200, answer.text
+        if not stream:
+            assert answer.json()["usage"]["completion_tokens"] == MAX_TOKENS
 
 
 def otlp_exports(server: ServerProcess, rollout_key: str, round_number: int) -> None:
@@ -197,7 +207,9 @@ def test_prometheus_scrapes_the_server_and_every_dashboard_query_has_data(scrape
         model_calls(server)
         otlp_exports(server, rollout_key, round_number)
         training_records(server, step=round_number)
-        time.sleep(3 * SCRAPE_S)  # a few scrapes between the rounds: counters rise from one to the next
+        # Prometheus holds the round before the next begins: counters rise from one scrape to a later one.
+        prometheus.wait_for_value("otel_rl_train_step", round_number)
+        prometheus.wait_for_value('sum(otel_rl_gateway_calls_total{outcome="ok"})', 3 * round_number)
     # The fake has no weights to reload (no dev-mode endpoints): the reload fails, measured like any other.
     checkpoint = server.workdir / "step-3"
     checkpoint.mkdir()
@@ -206,8 +218,10 @@ def test_prometheus_scrapes_the_server_and_every_dashboard_query_has_data(scrape
     assert reload.status_code == 502, reload.text
 
     prometheus.wait_for("otel_rl_gateway_last_reload_phase_seconds", bool)
-    prometheus.wait_for("otel_rl_train_step", lambda result: result and result[0]["value"][1] == "2")
-    time.sleep(2 * SCRAPE_S)
+    # The series made last, the reload's phases, scraped at least twice (so every series was): rates and
+    # increases over every series have values.
+    last_made = "min(count_over_time(otel_rl_gateway_last_reload_phase_seconds[1m]))"
+    prometheus.wait_for(last_made, lambda result: result and float(result[0]["value"][1]) >= 2)
 
     # What was sent is what Prometheus holds.
     def value(promql: str) -> float:
@@ -216,7 +230,7 @@ def test_prometheus_scrapes_the_server_and_every_dashboard_query_has_data(scrape
 
     assert value('min_over_time(up{job="otel-rl"}[1m])') == 1  # every scrape of the run succeeded
     assert value('sum(otel_rl_gateway_calls_total{outcome="ok"})') == 6
-    assert value('sum(otel_rl_gateway_tokens_total{kind="completion"})') > 0
+    assert value('sum(otel_rl_gateway_tokens_total{kind="completion"})') == 6 * MAX_TOKENS
     assert value('otel_rl_collector_records_total{outcome="rejected", reason="identity"}') == 2
     assert value('sum(otel_rl_collector_exports_total{outcome="unauthorized"})') == 2
     assert value('sum(otel_rl_collector_exports_total{transport="grpc", signal="logs", outcome="ok"})') == 2
@@ -227,7 +241,8 @@ def test_prometheus_scrapes_the_server_and_every_dashboard_query_has_data(scrape
     [val] = prometheus.query('otel_rl_train_reward_mean{split="val"}')
     assert val["metric"]["eval"] == HELD_OUT and float(val["value"][1]) == 0.75
     assert value('sum(otel_rl_gateway_reloads_total{outcome=~"ok|partial|failed"})') == 1
-    assert value('otel_rl_store_rows{table="spans"}') > 0
+    stored = server.scalar("SELECT count(*) FROM spans")  # nothing is sent any more: the count holds
+    prometheus.wait_for_value('otel_rl_store_rows{table="spans"}', stored)
 
     queries = dashboard_queries()
     assert {name for name, _, _ in queries} == {

@@ -44,7 +44,8 @@ class GatewayMetrics(Collector):
         )
         self.tokens = Counter(
             "otel_rl_gateway_tokens",
-            "Tokens of model calls as vLLM counted them (kind: prompt, completion, cached_prompt).",
+            "Tokens of model calls as vLLM counted them, else their token ids"
+            " (kind: prompt, completion, cached_prompt).",
             ["api", "kind"],
             registry=None,
         )
@@ -76,8 +77,8 @@ class GatewayMetrics(Collector):
         output = record.output
         if output is not None:
             for kind, count in (
-                ("prompt", output.input_tokens),
-                ("completion", output.output_tokens),
+                ("prompt", output.prompt_tokens()),
+                ("completion", output.completion_tokens()),
                 ("cached_prompt", output.cache_read_tokens),
             ):
                 if count:

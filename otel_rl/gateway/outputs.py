@@ -35,6 +35,19 @@ class CallOutput:
     output_tokens: int | None = None
     cache_read_tokens: int | None = None  # prompt tokens served from vLLM's prefix cache
 
+    # A stream carries usage only if the client asked for it; the token ids count the same.
+    def prompt_tokens(self) -> int | None:
+        """The prompt's tokens: vLLM's usage, else its token ids' count."""
+        if self.input_tokens is None and self.prompt_token_ids is not None:
+            return len(self.prompt_token_ids)
+        return self.input_tokens
+
+    def completion_tokens(self) -> int | None:
+        """The generated tokens: vLLM's usage, else the choices' token ids' count."""
+        if self.output_tokens is None and all(choice.token_ids is not None for choice in self.choices):
+            return sum(len(choice.token_ids or ()) for choice in self.choices)
+        return self.output_tokens
+
 
 def parse_chat_response(response: dict[str, Any]) -> CallOutput:
     """A non-streaming `chat.completion` response."""

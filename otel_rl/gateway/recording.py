@@ -128,13 +128,7 @@ def _output_attributes(output: CallOutput, packed_tokens: bool) -> dict[str, Any
         attributes["gen_ai.response.id"] = output.response_id
     if output.response_model:
         attributes["gen_ai.response.model"] = output.response_model
-    # A stream carries usage only if the client asked for it; the token ids count the same.
-    input_tokens = output.input_tokens
-    if input_tokens is None and output.prompt_token_ids is not None:
-        input_tokens = len(output.prompt_token_ids)
-    output_tokens = output.output_tokens
-    if output_tokens is None and all(choice.token_ids is not None for choice in output.choices):
-        output_tokens = sum(len(choice.token_ids) for choice in output.choices)
+    input_tokens, output_tokens = output.prompt_tokens(), output.completion_tokens()
     if input_tokens is not None:
         attributes["gen_ai.usage.input_tokens"] = input_tokens
     if output_tokens is not None:
