@@ -51,9 +51,33 @@ def test_validate_names_each_bad_task_and_its_reason_and_goes_on(tmp_path: Path)
     assert "tasks.jsonl:2 (calc-malformed): patch: Input should be a valid string" in malformed
     [gold] = lines["calc-gold-fails"]["reasons"]
     assert gold.startswith("gold patch scores 0") and "tests/test_add.py::test_add failed" in gold
-    # the hidden tests cannot even be collected: the tests they name are missing, gold scores 0
+    # the hidden tests cannot even be collected: named as the repository's import error, the tests it
+    # leaves missing after it
     [no_import] = lines["calc-no-import"]["reasons"]
-    assert no_import.startswith("gold patch scores 0") and "tests/test_add.py::test_add missing" in no_import
+    assert no_import.startswith(
+        "gold patch scores 0: import_error: tests/test_add.py:"
+        " ModuleNotFoundError: No module named 'no_such_module_of_otel_rl_tests'; "
+    ), no_import
+    assert "tests/test_add.py::test_add missing" in no_import
+
+
+def test_grade_names_the_import_error_of_a_repository_that_does_not_import(tmp_path: Path) -> None:
+    good, _malformed, _gold_fails, no_import = bad_task_file(tmp_path).read_text().splitlines()
+    tasks = tmp_path / "no-import.jsonl"
+    tasks.write_text(no_import + "\n")
+    gold = tmp_path / "gold.diff"
+    gold.write_text(json.loads(good)["patch"])
+    done = subprocess.run(
+        [OTEL_RL, "grade", str(tasks), "--instance", "calc-no-import", "--patch", str(gold)],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    result = json.loads(done.stdout)
+    assert result["reward"] == 0 and result["tests"]["tests/test_add.py::test_add"] == "missing", done.stdout
+    # the visible tests import the same package: each test file that does not import is named
+    assert result["collection_errors"] == [
+        f"import_error: {file}: ModuleNotFoundError: No module named 'no_such_module_of_otel_rl_tests'"
+        for file in ("tests/test_add.py", "tests/test_mul.py")
+    ]
 
 
 def test_a_sandbox_that_cannot_start_is_named_for_every_task_and_validate_goes_on(tmp_path: Path) -> None:

@@ -45,6 +45,9 @@ class GradeResult(BaseModel):
     dropped_paths: list[str]
     error: str | None = None
     seconds: float
+    # why test files could not be collected, one per file: `import_error: FILE: EXCEPTION` when importing it
+    # raised (a repository that does not import), else `collection_error: FILE: EXCEPTION`
+    collection_errors: list[str] = []
 
 
 def is_test_path(path: str) -> bool:
@@ -171,16 +174,21 @@ def test_id(case: ElementTree.Element) -> str:
     return "::".join(part for part in (file, *inner.split("."), case.get("name", "")) if part)
 
 
+def _suite(xml: bytes, nonce: str) -> ElementTree.Element | None:
+    root = ElementTree.fromstring(xml)
+    suites = [root] if root.tag == "testsuite" else root.findall("testsuite")
+    return suites[0] if [suite.get("name") for suite in suites] == [nonce] else None
+
+
 def read_junit(xml: bytes, *, nonce: str) -> dict[str, TestStatus]:
     """Per-test statuses from pytest's junit XML; a file whose suite does not carry this run's nonce (one
     the code under test wrote before killing pytest, say) counts as no results."""
-    root = ElementTree.fromstring(xml)
-    suites = [root] if root.tag == "testsuite" else root.findall("testsuite")
-    if [suite.get("name") for suite in suites] != [nonce]:
+    suite = _suite(xml, nonce)
+    if suite is None:
         return {}
     rank = {"passed": 0, "failed": 1, "error": 2}
     statuses: dict[str, TestStatus] = {}
-    for case in suites[0].iter("testcase"):
+    for case in suite.iter("testcase"):
         status: TestStatus = "passed"
         if case.find("error") is not None:
             status = "error"
@@ -190,6 +198,24 @@ def read_junit(xml: bytes, *, nonce: str) -> dict[str, TestStatus]:
         if rank[status] >= rank[statuses.get(identifier, "passed")]:
             statuses[identifier] = status
     return statuses
+
+
+def read_collection_errors(xml: bytes, *, nonce: str) -> list[str]:
+    """The test files pytest could not collect, each with its exception (the traceback's last `E` line):
+    `import_error: FILE: EXCEPTION` where importing the file raised, which is how a repository that does
+    not import shows (its tests are then missing, not failed)."""
+    suite = _suite(xml, nonce)
+    reasons: list[str] = []
+    for case in suite.iter("testcase") if suite is not None else ():
+        error = case.find("error")
+        if error is None or error.get("message") != "collection failure":
+            continue
+        text = error.text or ""
+        raised = [line[1:].strip() for line in text.splitlines() if line.startswith("E ")]
+        kind = "import_error" if "in <module>" in text or "while importing" in text else "collection_error"
+        file = case.get("file") or case.get("name", "")
+        reasons.append(f"{kind}: {file}: {raised[-1] if raised else text.strip()[-300:]}")
+    return reasons
 
 
 def pytest_command(
@@ -260,16 +286,18 @@ def grade(
             return _failed(task, f"tests ran past the {limits.wall_seconds:g} s wall clock", dropped, started)
         junit = out / "junit.xml"
         statuses: dict[str, TestStatus] = {}
+        collection_errors: list[str] = []
         if junit.is_file() and not junit.is_symlink() and junit.stat().st_size <= MAX_JUNIT_BYTES:
             try:
                 statuses = read_junit(junit.read_bytes(), nonce=nonce)
+                collection_errors = read_collection_errors(junit.read_bytes(), nonce=nonce)
             except ElementTree.ParseError:
                 statuses = {}  # torn or forged XML: no results, so every expected test is missing
     tests: dict[str, TestStatus] = {test: statuses.get(test, "missing") for test in expected}
     reward = int(bool(expected) and all(status == "passed" for status in tests.values()))
     return GradeResult(
         instance_id=task.instance_id, outcome="graded", reward=reward, tests=tests, dropped_paths=dropped,
-        seconds=time.perf_counter() - started,
+        seconds=time.perf_counter() - started, collection_errors=collection_errors,
     )  # fmt: skip
 
 

@@ -137,8 +137,10 @@ def validate(task_set: TaskSet, task: Task, *, limits: sandbox.Limits) -> Valida
     try:
         gold = grade(task_set, task, task.patch, limits=limits)
         if gold.reward != 1:
+            # a repository that does not import: its import error first, then the tests it left missing
             failing = [f"{test} {status}" for test, status in gold.tests.items() if status != "passed"]
-            reasons.append(f"gold patch scores {gold.reward}: {gold.error or ', '.join(failing)}")
+            detail = gold.error or "; ".join([*gold.collection_errors, ", ".join(failing)])
+            reasons.append(f"gold patch scores {gold.reward}: {detail}")
         empty = grade(task_set, task, "", limits=limits)
         if empty.outcome != "graded":
             reasons.append(f"empty patch: {empty.error}")

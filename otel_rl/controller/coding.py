@@ -159,8 +159,11 @@ def grade_attributes(result: GradeResult) -> dict[str, Any]:
 
 def reward_body(rollout: Rollout, result: GradeResult) -> dict[str, Any]:
     """The POST /v1/rewards body: `outcome` from source `grader`; per-test results and dropped paths in the
-    explanation (JSON)."""
-    explanation = json.dumps({"tests": result.tests, "dropped_paths": result.dropped_paths})
+    explanation (JSON), with the test files that did not import (`collection_errors`) when some did not."""
+    details: dict[str, Any] = {"tests": result.tests, "dropped_paths": result.dropped_paths}
+    if result.collection_errors:
+        details["collection_errors"] = result.collection_errors
+    explanation = json.dumps(details)
     return {
         "rollout_id": rollout.rollout_id,
         "name": "outcome",
