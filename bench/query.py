@@ -241,8 +241,7 @@ def submit(store: Store, batch: dict) -> Future:
 
 def requests_done(store: Store) -> int:
     """Requests stored (their controller spans name the group: the request's number)."""
-    group = f"attributes ->> '{attr.GROUP_ID}'"
-    sql = f"SELECT max({group}) FROM spans WHERE scope_name = '{attr.CONTROLLER_SCOPE}'"
+    sql = f"SELECT max(group_id) FROM spans WHERE scope_name = '{attr.CONTROLLER_SCOPE}'"
     last = store.query_arrow(sql).column(0)[0].as_py()
     return 0 if last is None else int(last[1:]) + 1
 
