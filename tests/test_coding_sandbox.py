@@ -175,6 +175,24 @@ def test_sandbox_run_command_exits_with_the_command_status_and_hides_the_hidden_
         text=True,
     )
     assert unknown.returncode == 2 and "no task with instance_id 'nope'" in unknown.stderr
+    assert "sandbox denied" not in done.stderr  # it tried to reach nothing
+
+
+def test_sandbox_run_command_prints_the_connects_the_sandbox_denied(tmp_path: Path) -> None:
+    tasks = humaneval_task_file(tmp_path, count=1)
+    with socket.create_server(("127.0.0.1", 0)) as host_service:  # on the host's loopback, not forwarded
+        port = host_service.getsockname()[1]
+        host_service.settimeout(0)
+        connect = f"import socket, sys; socket.socket().connect_ex(('127.0.0.1', {port})); sys.exit(5)"
+        command = ["python", "-c", connect]
+        done = subprocess.run(
+            [OTEL_RL, "sandbox", "run", str(tasks), "--instance", "HumanEval__0", "--", *command],
+            capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+        with pytest.raises(BlockingIOError):
+            host_service.accept()  # the host's service never saw it
+    assert done.returncode == 5, done.stderr
+    assert done.stderr.splitlines() == [f"sandbox denied: tcp connect to 127.0.0.1:{port}"]
 
 
 def test_forwarded_ports_are_reachable_inside_and_no_other_host_port(workspace: Path) -> None:

@@ -213,13 +213,15 @@ def run(
     env: dict[str, str] | None = None,
     capture: bool = True,
     forward: tuple[int, ...] = (),
+    record_denied: bool = False,
 ) -> Completed:
     """Run `command` in a fresh sandbox over `workspace`; the wall clock kills the whole session. A sandbox
     whose setup failed (its command never ran) raises SandboxError, apart from the command's own failures.
     `forward`: host loopback ports (the gateway's, the OTLP endpoint's) reachable inside on the same ports;
-    what else the command tried to reach is in `denied` (forward.py)."""
+    what else the command tried to reach is in `denied` (forward.py), recorded whenever a port is forwarded
+    or `record_denied` asks for it (bwrap's own empty network otherwise: nothing observed)."""
     probe_user_namespaces()
-    if not forward:
+    if not forward and not record_denied:
         argv, gate = gated(bwrap_argv(workspace, command, limits=limits, binds=binds, env=env))
         return _run(argv, gate, limits=limits, capture=capture)
     try:

@@ -3,6 +3,7 @@
 import json
 import sys
 import tempfile
+from collections import Counter
 from dataclasses import replace
 from pathlib import Path
 from typing import Annotated
@@ -179,7 +180,8 @@ def sandbox_run_command(
     ] = None,
 ) -> None:
     """Run a command in the workspace an agent would get (a fresh one-commit repository of the task's
-    snapshot, no hidden tests, loopback only plus the --forward ports); exit status: the command's."""
+    snapshot, no hidden tests, loopback only plus the --forward ports); exit status: the command's. After
+    it, the connection attempts the sandbox denied are printed to stderr, one line a destination."""
     task_set = _load(file)
     limits = sandbox.Limits(cpu_seconds=cpu_seconds, wall_seconds=wall_seconds)
     try:
@@ -187,10 +189,26 @@ def sandbox_run_command(
         with tempfile.TemporaryDirectory(prefix="otel-rl-workspace-") as scratch:
             workspace = make_workspace(task_set, task, Path(scratch))
             sandbox.hand_over(workspace)
-            done = sandbox.run(workspace, command, limits=limits, capture=False, forward=tuple(forward or ()))
+            done = sandbox.run(
+                workspace,
+                command,
+                limits=limits,
+                capture=False,
+                forward=tuple(forward or ()),
+                record_denied=True,
+            )
     except (TaskError, sandbox.SandboxError, ValueError) as error:
         typer.echo(f"error: {error}", err=True)
         raise typer.Exit(2) from None
+    # what the agent would have been refused (the records its rollout's span gets), a line per destination
+    targets = Counter(
+        f"dns query for {denied.name or '?'}"
+        if denied.protocol == "dns"
+        else f"{denied.protocol} connect to {denied.address}:{denied.port}"
+        for denied in done.denied
+    )
+    for target, times in targets.items():
+        typer.echo(f"sandbox denied: {target}{f' ({times} times)' if times > 1 else ''}", err=True)
     if done.timed_out:
         typer.echo(f"error: the command ran past the {wall_seconds:g} s wall clock", err=True)
         raise typer.Exit(124)
