@@ -71,6 +71,11 @@ class StoreMetrics(Collector):
             "Raw rows normalized (with their scopes' earlier rows).",
             value=normalizer.rows,
         )
+        yield CounterMetricFamily(
+            "otel_rl_store_normalized_scope_traces",
+            "Traces in the rounds' scopes (their new commits closed over the rollouts and sessions named).",
+            value=normalizer.scope_traces,
+        )
         yield GaugeMetricFamily(
             "otel_rl_store_normalize_failing",
             "1 while normalization rounds fail (raw rows are kept; queries of the normalized tables wait).",

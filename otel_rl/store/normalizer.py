@@ -76,6 +76,7 @@ class Normalizer:
         self.last_round: Round | None = None
         self.rounds = 0
         self.rows = 0  # raw rows the rounds read (a scope's earlier rows again each time it grows)
+        self.scope_traces = 0  # traces in the rounds' scopes (a trace again in each round whose scope has it)
         self.round_observers: list[Callable[[Round], None]] = []
         # (first commit of a stretch, when it was made: Unix time) of the commits not normalized yet; those
         # pending at open are dated by the open (when they were made is not recorded).
@@ -321,6 +322,7 @@ class Normalizer:
         self.last_round = done
         self.rounds += 1
         self.rows += done.rows
+        self.scope_traces += done.scope_traces
         with self._wake:
             self._through = done.through
             while len(self._made) > 1 and self._made[1][0] <= done.through + 1:
