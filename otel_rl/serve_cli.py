@@ -61,6 +61,22 @@ def serve(
             "declares; never more)",
         ),
     ] = None,
+    replicas: Annotated[
+        int,
+        typer.Option(
+            min=1,
+            help="Local vLLM servers of --model behind the gateway, each on its own GPUs (else CPU cores), "
+            "balanced by calls in flight and reloaded together",
+        ),
+    ] = 1,
+    vllm_arg: Annotated[
+        list[str] | None,
+        typer.Option(
+            help="One of vLLM's own flags for the local servers, e.g. --vllm-arg=--tensor-parallel-size=2 "
+            "(repeatable; replaces ours of the same name, e.g. --vllm-arg=--dtype=bfloat16); vLLM's parser "
+            "checks them before anything starts",
+        ),
+    ] = None,
     vllm: Annotated[
         list[str] | None,
         typer.Option(
@@ -167,6 +183,9 @@ def serve(
         raise typer.BadParameter(
             "needs --model: it is the context of the vLLM started for it", param_hint="--max-model-len"
         )
+    if model is None and (replicas != 1 or vllm_arg):
+        flag = "--replicas" if replicas != 1 else "--vllm-arg"
+        raise typer.BadParameter("needs --model: it sets up the vLLM started for it", param_hint=flag)
     try:  # before the store opens
         archive = ScheduleSettings.from_flags(archive_after_days, retain_days, retain_bytes)
     except PolicyError as error:
@@ -186,6 +205,8 @@ def serve(
         model=model,
         lora_rank=lora_rank,
         max_model_len=max_model_len,
+        replicas=replicas,
+        vllm_args=tuple(vllm_arg or ()),
         vllm=tuple(vllm or ()),
         forward_otlp=forward_otlp,
         split_sampling=_json_option("--split-sampling", split_sampling),
@@ -203,12 +224,16 @@ def serve(
         ),
         shutdown_timeout_s=shutdown_timeout,
     )
+    from otel_rl.gateway.vllm_env import VLLMEnvironmentMissing
     from otel_rl.store.wal import StoreDamaged
 
     try:
         app = create_app(settings)
     except StoreDamaged as damaged:  # what is lost and the commands to run, without a traceback
         Console(stderr=True).print(f"[red]error:[/] {damaged}")
+        raise typer.Exit(1) from None
+    except VLLMEnvironmentMissing as missing:  # --vllm-arg is checked by vLLM's parser, in its environment
+        Console(stderr=True).print(f"[red]error:[/] {missing}")
         raise typer.Exit(1) from None
     except ValueError as error:  # its message starts with the flag it is about (--vllm, --token-file)
         raise typer.BadParameter(str(error)) from None
@@ -218,7 +243,8 @@ def serve(
         f"OTLP/gRPC on {host}:{grpc_port}; admin token from {app.state.token_source}"
     )
     servers = ", ".join(server.url for server in app.state.gateway.pool.servers) or "none (--model / --vllm)"
-    local = f" (starting vLLM for {settings.model})" if settings.model else ""
+    copies = f"{settings.replicas} replicas of " if settings.replicas > 1 else ""
+    local = f" (starting vLLM for {copies}{settings.model})" if settings.model else ""
     console.print(f"gateway on http://{host}:{http_port}/v1 → vLLM {servers}{local}")
     console.print(web_view_line(app.state.ui_address, app.state.ui_url, settings.db), soft_wrap=True)
     if print_ui_link:  # asked for: on stdout, apart from the banner and the log

@@ -39,6 +39,8 @@ class ServeSettings:
     model: Path | None = None
     lora_rank: int | None = None  # the local vLLM loads LoRA adapters up to this rank (`lora_adapter`)
     max_model_len: int | None = None  # the local vLLM's context, in tokens; None: what the model declares
+    replicas: int = 1  # local vLLM servers of `model`, each on its own devices (gateway/vllm_replicas.py)
+    vllm_args: tuple[str, ...] = ()  # vLLM's own flags for the local servers, checked by vLLM's parser
     vllm: tuple[str, ...] = ()
     forward_otlp: str | None = None  # also send the gateway's spans to this OTLP/HTTP traces endpoint
     split_sampling: dict | None = None  # {"train": {...}, "val": {...}}; None: the gateway's defaults
@@ -227,17 +229,23 @@ def create_app(settings: ServeSettings):  # noqa: ANN201 - FastAPI, imported laz
 
 
 def _gateway(settings: ServeSettings, store, auth):  # noqa: ANN001, ANN202 - lazily imported types
-    """The gateway over the configured vLLM servers, and the local vLLM server to start for `--model`."""
+    """The gateway over the configured vLLM servers, and the local vLLM servers to start for `--model`
+    (checked now, before anything starts: ValueError names the flag at fault)."""
     from otel_rl.gateway.proxy import Gateway
     from otel_rl.gateway.settings import GatewaySettings
-    from otel_rl.gateway.vllm import VLLMServer
+    from otel_rl.gateway.vllm_replicas import LocalReplicas
 
-    local = (
-        VLLMServer(settings.model, lora_rank=settings.lora_rank, max_model_len=settings.max_model_len)
-        if settings.model is not None
-        else None
-    )
-    servers = ((local.url,) if local else ()) + tuple(settings.vllm)
+    local = None
+    if settings.model is not None:
+        local = LocalReplicas(
+            settings.model,
+            replicas=settings.replicas,
+            vllm_args=settings.vllm_args,
+            lora_rank=settings.lora_rank,
+            max_model_len=settings.max_model_len,
+        )
+        local.check_args()
+    servers = (local.urls if local else ()) + tuple(settings.vllm)
     options = {"split_sampling": settings.split_sampling} if settings.split_sampling is not None else {}
     if settings.request_limits is not None:
         options["request_limits"] = settings.request_limits

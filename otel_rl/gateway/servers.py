@@ -1,12 +1,13 @@
-"""The vLLM servers behind the gateway: health, sticky routing of rollouts, taking a failed server out.
+"""The vLLM servers behind the gateway: health, routing by calls in flight, sticky rollouts, taking a failed
+server out.
 
 A server leaves the pool after CONNECT_FAILURES_TO_LEAVE connects in a row fail, or at a failed health probe;
 it rejoins at its next successful probe (which also checks that it serves the current policy's weights).
 """
 
 import asyncio
-import hashlib
 import logging
+from collections import OrderedDict
 from dataclasses import dataclass
 
 import orjson
@@ -20,6 +21,9 @@ LORA_NAME = "otel-rl-policy"  # the name vLLM serves the policy's LoRA adapter u
 CONNECT_FAILURES_TO_LEAVE = 3
 FIRST_RETRY_DELAY_S = 0.05
 MAX_RETRY_DELAY_S = 1.0
+# The rollouts whose server the pool remembers (the most recently called); an older one's next call is placed
+# again, as a new rollout's is: it only loses that server's prefix cache.
+ROLLOUTS_REMEMBERED = 100_000
 
 
 class NoServerAvailable(RuntimeError):
@@ -41,6 +45,7 @@ class InferenceServer:
     failure: str | None = None  # why it last failed a connect or a probe (for logs and 503s)
     consecutive_connect_failures: int = 0
     in_flight: int = 0
+    routed: int = 0  # calls the pool sent here: among servers equally busy, the one with fewest gets the next
 
     @property
     def available(self) -> bool:
@@ -72,7 +77,8 @@ class InferenceServer:
 
 
 class ServerPool:
-    """Picks a server per call. A rollout always goes to the same server while it is available."""
+    """Picks a server per call: the one with the fewest calls in flight, except that a rollout's later calls
+    go where its first went while that server is available (its growing prompt hits its prefix cache)."""
 
     def __init__(self, urls: tuple[str, ...]) -> None:
         if len(set(urls)) != len(urls):
@@ -84,16 +90,25 @@ class ServerPool:
         self.reference_checksums: dict[str, str] | None = None
         self.reference_adapter: str | None = None
         self._reprobe: asyncio.Future | None = None
+        self._rollouts: OrderedDict[str, InferenceServer] = OrderedDict()  # rollout id → its server
 
     def pick(self, rollout_id: str | None, *, exclude: tuple[InferenceServer, ...] = ()) -> InferenceServer:
-        """The rollout's server (rendezvous hashing: losing one moves only its rollouts), else the idlest."""
+        """The rollout's server while it is available (losing one moves only its rollouts), else the server
+        with the fewest calls in flight (then the fewest routed), which becomes the rollout's."""
         candidates = [s for s in self.servers if s.available and s not in exclude]
         if not candidates:
             states = ", ".join(s.state() for s in self.servers if not s.available)
             raise NoServerAvailable(f"no inference server available: {states or 'none configured'}")
-        if rollout_id is None:
-            return min(candidates, key=lambda s: s.in_flight)
-        return max(candidates, key=lambda s: _affinity(rollout_id, s.url))
+        server = self._rollouts.get(rollout_id) if rollout_id is not None else None
+        if server is None or server not in candidates:
+            server = min(candidates, key=lambda s: (s.in_flight, s.routed))
+        if rollout_id is not None:
+            self._rollouts[rollout_id] = server
+            self._rollouts.move_to_end(rollout_id)
+            if len(self._rollouts) > ROLLOUTS_REMEMBERED:
+                self._rollouts.popitem(last=False)
+        server.routed += 1
+        return server
 
     def take_out(self, server: InferenceServer, reason: str) -> None:
         server.out_reason = reason
@@ -184,7 +199,3 @@ def _health_failure(status: int) -> str | None:
         # vLLM always serves /health at its root: a 404 means the URL is not a vLLM server's root.
         return "GET /health answered 404: is this the URL of a vLLM server (http://HOST:PORT)?"
     return f"GET /health answered HTTP {status}"
-
-
-def _affinity(rollout_id: str, url: str) -> int:
-    return int.from_bytes(hashlib.blake2b(f"{rollout_id}|{url}".encode(), digest_size=8).digest(), "big")
