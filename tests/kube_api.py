@@ -10,7 +10,9 @@ request (an HTTP status, a Retry-After), and the watches it serves can be droppe
 A "kubelet" loop plays the cluster: a Job that is not suspended gets a Pod, and the Pod moves through its
 phases by the behaviour named in its image's tag, one word per attempt separated by dots (attempt 3 of
 `harness:bad-image.ok` runs `ok`, the last word): ok, slow (ok after 1.5 s), fail (exit 1), sleep (runs
-until the deadline), bad-image (ErrImagePull, then ImagePullBackOff), evicted, oom, unschedulable.
+until the deadline), bad-image (ErrImagePull, then ImagePullBackOff), evicted, oom, unschedulable, and run:
+the container's command executed as a local process (tests/kube_run.py), its exit status, termination
+message and output what the pod reports.
 A container whose Secret does not exist waits in CreateContainerConfigError, as the kubelet does.
 """
 
@@ -23,6 +25,7 @@ import re
 import threading
 import time
 import uuid
+from base64 import b64decode, b64encode
 from collections import Counter
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -31,6 +34,7 @@ from typing import Any
 import jsonschema
 import referencing
 from aiohttp import web
+from kube_run import LocalContainer
 from kubernetes_validate.utils import all_versions, major_minor, schema_contents
 
 K8S_VERSION = "1.32"
@@ -117,6 +121,7 @@ class KubeApiStandIn:
         self.requests: Counter[str] = Counter()
         self.envs: dict[str, dict[str, str]] = {}  # pod name -> the environment its harness would see
         self.secrets_ever: set[str] = set()
+        self.containers: dict[str, LocalContainer] = {}  # pod name -> its running container (behaviour run)
         self._watches: list[_Watch] = []
         self._pods_by_job: dict[str, set[str]] = {}
         self._live_jobs: set[str] = set()
@@ -137,6 +142,8 @@ class KubeApiStandIn:
         assert self._loop is not None
         self._loop.call_soon_threadsafe(self._stopping.set)
         self._thread.join(10)
+        for container in self.containers.values():
+            container.stop()
 
     def call(self, function: Any, *args: Any) -> Any:
         """Run function(*args) in the stand-in's loop (its state is that loop's) and return its result."""
@@ -217,7 +224,11 @@ class KubeApiStandIn:
         metadata.update(uid=str(uuid.uuid4()), creationTimestamp=_now(), namespace="default")
         metadata.setdefault("generation", 1)
         if kind == "Secret":
-            obj["data"] = {k: v for k, v in (obj.pop("stringData", None) or {}).items()}
+            strings = obj.pop("stringData", None) or {}  # the API server keeps them base64-encoded in data
+            obj["data"] = {
+                **(obj.get("data") or {}),
+                **{k: b64encode(v.encode()).decode() for k, v in strings.items()},
+            }
             self.secrets_ever.add(metadata["name"])
         if kind == "Job":
             obj.setdefault("status", {})
@@ -228,6 +239,8 @@ class KubeApiStandIn:
         obj = self.objects.get((kind, name))
         if obj is None:
             return
+        if kind == "Pod" and name in self.containers:
+            self.containers.pop(name).stop()
         self._store(kind, copy.deepcopy(obj), "DELETED")
         uid = obj["metadata"]["uid"]
         for (other_kind, other_name), other in list(self.objects.items()):  # the garbage collector
@@ -309,7 +322,12 @@ class KubeApiStandIn:
         return handle
 
     async def _log(self, request: web.Request) -> web.StreamResponse:
-        return web.Response(text=f"harness output of {request.match_info['name']}\n")
+        container = self.containers.get(request.match_info["name"])
+        if container is None:
+            return web.Response(text=f"harness output of {request.match_info['name']}\n")
+        tail, limit = request.query.get("tailLines"), request.query.get("limitBytes")
+        text = container.log(int(tail) if tail else None, int(limit) if limit else None)
+        return web.Response(text=text)
 
     async def _watch(self, request: web.Request, kind: str, selector: dict[str, str]) -> web.StreamResponse:
         since = int(request.query.get("resourceVersion") or self.version)
@@ -492,6 +510,12 @@ class KubeApiStandIn:
                     ],
                 },
             )
+            if behaviour == "run":
+                secrets = {key[1]: obj for key, obj in self.objects.items() if key[0] == "Secret"}
+                self.containers[name] = LocalContainer(pod, env, secrets)
+            return
+        if behaviour == "run":
+            self._drive_container(pod, container)
             return
         if behaviour == "sleep" or elapsed < (SLOW_S if behaviour == "slow" else RUN_S):
             return
@@ -532,6 +556,35 @@ class KubeApiStandIn:
             },
         )
 
+    def _drive_container(self, pod: dict[str, Any], container: dict[str, Any]) -> None:
+        running = self.containers.get(pod["metadata"]["name"])
+        code = None if running is None else running.exit_code()
+        if running is None or code is None:
+            return
+        terminated = {
+            "exitCode": code,
+            "reason": "Completed" if code == 0 else "Error",
+            "message": running.message(),
+            "startedAt": _now(),
+            "finishedAt": _now(),
+        }
+        self._set_pod(
+            pod,
+            {
+                "phase": "Succeeded" if code == 0 else "Failed",
+                "containerStatuses": [
+                    {
+                        "name": container["name"],
+                        "ready": False,
+                        "restartCount": 0,
+                        "image": container["image"],
+                        "imageID": "",
+                        "state": {"terminated": terminated},
+                    }
+                ],
+            },
+        )
+
     def _set_pod(self, pod: dict[str, Any], status: dict[str, Any]) -> None:
         if all(pod["status"].get(k) == v for k, v in status.items()):
             return  # no change, no event
@@ -547,7 +600,7 @@ class KubeApiStandIn:
             secret = self.objects.get(("Secret", ref["name"]))
             if secret is None or ref["key"] not in secret.get("data", {}):
                 return None
-            env[entry["name"]] = secret["data"][ref["key"]]
+            env[entry["name"]] = b64decode(secret["data"][ref["key"]]).decode()
         return env
 
 

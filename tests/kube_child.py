@@ -17,6 +17,7 @@ from kubernetes.aio import client
 
 from otel_rl.controller import ControllerSettings, Rollout
 from otel_rl.controller.kubernetes.api import KubernetesApi
+from otel_rl.controller.kubernetes.coding import KubernetesCoding
 from otel_rl.controller.kubernetes.controller import KubernetesController
 from otel_rl.controller.kubernetes.settings import KubernetesSettings
 from otel_rl.train.server_client import ServerClient
@@ -48,23 +49,31 @@ def leave_jobs_behind(stand: Any, server: Any, work: Path, rollouts: list[Rollou
 
 
 def controller_for(
-    api_url: str, server_url: str, token: str, log_dir: Path, **settings: Any
+    api_url: str,
+    server_url: str,
+    token: str,
+    log_dir: Path,
+    coding: KubernetesCoding | None = None,
+    pod_server_url: str = POD_SERVER_URL,
+    **settings: Any,
 ) -> KubernetesController:
+    """The controller the tests run; `coding` and `pod_server_url` for coding rollouts
+    (test_controller_kubernetes_coding.py), `settings` override ControllerSettings' and the cluster's."""
     kube = KubernetesSettings(
         template=TEMPLATE,
         namespace="default",
-        server_url=POD_SERVER_URL,
+        server_url=pod_server_url,
         relist_s=settings.pop("relist_s", 30),
         pending_timeout_s=settings.pop("pending_timeout_s", 0.5),
         jobs_per_second=settings.pop("jobs_per_second", 200),
         burst=20,
     )
     rollouts = ControllerSettings(
-        command=["python", "-m", "harness", "{task}"],
+        command=settings.pop("command", ["python", "-m", "harness", "{task}"]),
         timeout_s=settings.pop("timeout_s", 3),
-        max_attempts=2,
+        max_attempts=settings.pop("max_attempts", 2),
         log_dir=log_dir,
-        env={"HARNESS_LEVEL": "debug"},
+        env=settings.pop("env", {"HARNESS_LEVEL": "debug"}),
         **settings,
     )
     api = KubernetesApi(client.ApiClient(client.Configuration(host=api_url)), "default")
@@ -79,6 +88,7 @@ def controller_for(
         revoke_key=issuer.revoke_rollout_key,
         run_id=RUN_ID,
         api=api,
+        coding=coding,
     )
 
 

@@ -121,7 +121,7 @@ def test_probe_refuses_bad_input_naming_it(server: ServerProcess, tmp_path: Path
     kubernetes["controller"]["backend"] = "kubernetes"
     config.write_text(yaml.safe_dump(kubernetes))
     done = otel_rl("tasks", "probe", str(tasks), "-c", str(config))
-    assert done.returncode == 1 and "local backend only" in done.stderr
+    assert done.returncode == 1 and "needs a `controller.kubernetes` section" in done.stderr
 
 
 def test_training_reprobes_its_tasks_on_its_own_runner_every_n_steps(

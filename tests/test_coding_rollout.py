@@ -336,7 +336,7 @@ def test_rollouts_run_with_a_coding_section_sandboxes_and_grades(
     )  # fmt: skip
     assert done.returncode == 1 and "bwrap is not installed" in done.stderr and not done.stdout
     config["controller"] = {"backend": "kubernetes", "coding": config["controller"]["coding"]}
-    with pytest.raises(ValidationError, match="local backend only"):
+    with pytest.raises(ValidationError, match="needs a `controller.kubernetes` section"):
         TrainConfig.model_validate(config)
 
 

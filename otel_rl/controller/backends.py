@@ -24,14 +24,10 @@ class ControllerSection(BaseModel):
 
     backend: Literal["local", "kubernetes"] = "local"
     kubernetes: KubernetesSettings | None = None  # required by, and only allowed with, backend kubernetes
-    coding: CodingSection | None = None  # coding tasks: each attempt sandboxed, graded outside (local only)
+    coding: CodingSection | None = None  # coding tasks: each attempt sandboxed, graded outside its sandbox
 
     @model_validator(mode="after")
     def _settings_match_backend(self) -> "ControllerSection":
-        if self.backend == "kubernetes" and self.coding is not None:
-            raise ValueError(
-                "`controller.coding` runs on the local backend only (the sandbox in a Job: not yet)"
-            )
         if self.backend == "kubernetes" and self.kubernetes is None:
             raise ValueError(
                 "backend kubernetes needs a `controller.kubernetes` section (template, namespace)"
@@ -96,14 +92,20 @@ def open_controller(
         "issue_key": issue_key,
         "revoke_key": revoke_key,
     }
+    launcher = None
+    if section.coding is not None:
+        if post_reward is None:
+            raise ValueError(
+                "a `controller.coding` section needs post_reward: the grader's rewards are posted"
+            )
+        launcher = coding_launcher(section.coding, admin_token=token, post_reward=post_reward)
     if section.backend == "kubernetes":
+        from otel_rl.controller.kubernetes.coding import KubernetesCoding
         from otel_rl.controller.kubernetes.controller import KubernetesController
 
         assert section.kubernetes is not None  # the section's validator guarantees it
-        return KubernetesController(settings, section.kubernetes, run_id=run_id, **connection)
-    if section.coding is None:
-        return LocalRunner(Controller(settings, **connection))
-    if post_reward is None:
-        raise ValueError("a `controller.coding` section needs post_reward: the grader's rewards are posted")
-    launcher = coding_launcher(section.coding, admin_token=token, post_reward=post_reward)
+        coding = None  # the sandbox in each Job's pod, the grader here (kubernetes/coding.py)
+        if launcher is not None:
+            coding = KubernetesCoding(launcher, admin_token=token, python=section.kubernetes.sandbox_python)
+        return KubernetesController(settings, section.kubernetes, run_id=run_id, coding=coding, **connection)
     return LocalRunner(Controller(settings, **connection, launcher=launcher))

@@ -168,8 +168,11 @@ class KubernetesApi:
             if error.status != 404:
                 raise
 
-    async def pod_log(self, pods: list[dict[str, Any]], limit_bytes: int) -> str:
-        """The harness container's log of the attempt's last pod (empty without one)."""
+    async def pod_log(
+        self, pods: list[dict[str, Any]], limit_bytes: int, tail_lines: int | None = None
+    ) -> str:
+        """The harness container's log of the attempt's last pod (empty without one); its last tail_lines
+        lines when given."""
         if not pods:
             return ""
         pod = max(pods, key=lambda p: p["metadata"].get("creationTimestamp") or "")
@@ -181,6 +184,7 @@ class KubernetesApi:
                 self.namespace,
                 container=container,
                 limit_bytes=limit_bytes,
+                **({} if tail_lines is None else {"tail_lines": tail_lines}),
                 _request_timeout=REQUEST_TIMEOUT_S,
             ),
         )

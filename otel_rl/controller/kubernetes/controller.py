@@ -12,8 +12,8 @@ import asyncio
 import contextlib
 import json
 import time
-from collections.abc import Mapping
-from dataclasses import dataclass
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -31,7 +31,9 @@ from otel_rl.controller.kubernetes import names
 from otel_rl.controller.kubernetes.adopt import unfinished_rollouts
 from otel_rl.controller.kubernetes.api import KubernetesApi
 from otel_rl.controller.kubernetes.cluster import ClusterView
+from otel_rl.controller.kubernetes.coding import KubernetesCoding
 from otel_rl.controller.kubernetes.ids import FixedIds, random_traceparent, split_traceparent
+from otel_rl.controller.kubernetes.rate import RateLimit
 from otel_rl.controller.kubernetes.render import Attempt, load_template, render_job, render_secret
 from otel_rl.controller.kubernetes.settings import KubernetesSettings
 from otel_rl.controller.kubernetes.status import Ending, ending
@@ -40,30 +42,9 @@ from otel_rl.controller.rollouts import RETRIED, AttemptResult, Rollout, Rollout
 
 CHECK_S = 5.0  # how often a waiting attempt re-reads its state without an event (pending timeouts)
 MAX_LOG_BYTES = 1 << 20  # of a pod's log copied to log_dir
+MAX_DIFF_LOG_BYTES = 24 << 20  # the diff's lines at the log's end (pod.py: at most 16 MiB of base64)
 FLUSH_MS = 30_000  # the longest an attempt waits for its span's export
 ABANDON_S = 10.0  # how long a cancelled attempt waits for its Job's deletion
-
-
-class RateLimit:
-    """A token bucket: at most `burst` at once, then `per_second`."""
-
-    def __init__(self, per_second: float, burst: int) -> None:
-        self._per_second = per_second
-        self._burst = float(burst)
-        self._tokens = float(burst)
-        self._last = time.monotonic()
-        self._lock = asyncio.Lock()
-
-    async def acquire(self) -> None:
-        async with self._lock:
-            while True:
-                now = time.monotonic()
-                self._tokens = min(self._burst, self._tokens + (now - self._last) * self._per_second)
-                self._last = now
-                if self._tokens >= 1:
-                    self._tokens -= 1
-                    return
-                await asyncio.sleep((1 - self._tokens) / self._per_second)
 
 
 @dataclass(frozen=True)
@@ -74,6 +55,7 @@ class _Record:
     exit_code: int | None
     duration_s: float
     reason: str
+    attributes: dict[str, Any] = field(default_factory=dict)  # the span's (the sandbox's, the grader's)
 
     def annotation(self) -> str:
         return json.dumps(
@@ -108,6 +90,7 @@ class KubernetesController:
         revoke_key: KeyRevoker | None = None,
         run_id: str = "",
         api: KubernetesApi | None = None,
+        coding: KubernetesCoding | None = None,
     ) -> None:
         validate_user_env(settings.env)
         if settings.preload or settings.nice:
@@ -131,6 +114,7 @@ class KubernetesController:
         self._provider.add_span_processor(BatchSpanProcessor(exporter, schedule_delay_millis=100))
         self._tracer = self._provider.get_tracer(attr.CONTROLLER_SCOPE)
         self._api = api
+        self._coding = coding  # coding tasks: the harness sandboxed in its pod, graded here (coding.py)
         self._view: ClusterView | None = None
         self._started: asyncio.Lock | None = None
         self._slots: asyncio.Semaphore | None = None
@@ -209,7 +193,7 @@ class KubernetesController:
     ) -> AttemptResult:
         api, view = self._api_or_fail(), self._view
         assert view is not None and self._rate is not None
-        job = found
+        job, coding = found, self._coding
         if job is None:
             attempt = Attempt(
                 rollout_id=rollout.rollout_id,
@@ -223,16 +207,26 @@ class KubernetesController:
                 traceparent=random_traceparent(),
                 started_ns=time.time_ns(),
             )
-            manifest = render_job(
-                self.template,
-                attempt,
-                namespace=self.kubernetes.namespace,
-                command=self.settings.command,
-                timeout_s=self.settings.timeout_s,
-                ttl_seconds_after_finished=self.kubernetes.ttl_seconds_after_finished,
-                server_url=self._server_url,
-                user_env=self.settings.env,
-            )
+            timeout_s = self.settings.timeout_s
+            try:
+                if coding is not None:  # the agent's side of the task only (never `patch`, `test_patch`)
+                    attempt = replace(attempt, task=coding.harness_task(rollout))
+                manifest = render_job(
+                    self.template,
+                    attempt,
+                    namespace=self.kubernetes.namespace,
+                    command=self.settings.command,
+                    timeout_s=timeout_s if coding is None else coding.timeout_s(timeout_s),
+                    ttl_seconds_after_finished=self.kubernetes.ttl_seconds_after_finished,
+                    server_url=self._server_url,
+                    user_env=self.settings.env,
+                )
+                if coding is not None:
+                    coding.wrap(manifest, rollout, manifest["metadata"]["name"])
+            except (ValueError, OSError) as error:  # a task its Job cannot carry: no Job, said on the span
+                record = _Record(RolloutStatus.INFRA_ERROR, None, 0.0, f"{type(error).__name__}: {error}")
+                self._export_span(attempt, record)
+                return self._result(attempt, record)
             await self._rate.acquire()
             job = await api.create_job(manifest)  # an existing Job of this attempt comes back as it is
             self.jobs_created += 1
@@ -242,7 +236,10 @@ class KubernetesController:
         try:
             if (job.get("spec") or {}).get("suspend") and _finished(job) is None:
                 key = await asyncio.to_thread(self._issue_key, attempt.identity)
-                await api.create_secret(render_secret(attempt, key, job["metadata"]["uid"]))
+                secret = render_secret(attempt, key, job["metadata"]["uid"])
+                if coding is not None:
+                    secret["data"] = coding.secret_data(rollout)
+                await api.create_secret(secret)
                 await api.patch_job(name, {"spec": {"suspend": False}})
             end, stop = await self._wait(name)
         except asyncio.CancelledError:
@@ -258,9 +255,14 @@ class KubernetesController:
             raise
         except Exception as error:  # no key, API retries exhausted: the attempt never ran properly
             end, stop = Ending(RolloutStatus.INFRA_ERROR, None, f"{type(error).__name__}: {error}"), True
-        record = _Record(
-            end.status, end.exit_code, max(0.0, (time.time_ns() - attempt.started_ns) / 1e9), end.reason
-        )
+        status, attributes = end.status, {}
+        if coding is not None and end.reason != "Job deleted":
+            attributes = coding.attributes(rollout)
+            status = await coding.finish(
+                rollout, status, end.exit_code, view.pods_of(name), self._log_tail(name), attributes
+            )
+        duration_s = max(0.0, (time.time_ns() - attempt.started_ns) / 1e9)
+        record = _Record(status, end.exit_code, duration_s, end.reason, attributes)
         await self._copy_log(name, attempt, record)
         self._export_span(attempt, record)
         # Exported before the result is recorded on the Job: a controller killed in between is adopted and
@@ -314,6 +316,12 @@ class KubernetesController:
             text = await self._api_or_fail().pod_log(self._view.pods_of(name), MAX_LOG_BYTES) + text
         await asyncio.to_thread(path.write_text, text)
 
+    def _log_tail(self, name: str) -> Callable[[int], Awaitable[str]]:
+        """The last lines of the attempt's harness container's log (coding.py reads the diff from them)."""
+        api, view = self._api_or_fail(), self._view
+        assert view is not None
+        return lambda lines: api.pod_log(view.pods_of(name), MAX_DIFF_LOG_BYTES, tail_lines=lines)
+
     def _log_path(self, attempt: Attempt) -> Path:
         return self.settings.log_dir / f"{attempt.rollout_id}-{attempt.attempt_id}.log"
 
@@ -326,6 +334,7 @@ class KubernetesController:
                 attributes=attempt.identity,
                 start_time=attempt.started_ns,
             )
+        span.set_attributes(record.attributes)
         span.set_attribute("otel_rl.kubernetes.reason", record.reason)
         span.set_attribute(attr.ROLLOUT_STATUS, record.status.value)
         if record.exit_code is not None:

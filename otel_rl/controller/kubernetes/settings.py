@@ -27,6 +27,9 @@ class KubernetesSettings(BaseModel):
     pending_timeout_s: float = Field(600.0, gt=0)
     relist_s: float = Field(60.0, gt=0)  # the watch is replaced by a full list this often
     ttl_seconds_after_finished: int = Field(3600, ge=0)  # the cluster's cleanup if the controller is gone
+    # Coding rollouts (`controller.coding`): the harness image's Python with otel-rl installed, which runs the
+    # sandbox around the harness in the pod (kubernetes/pod.py).
+    sandbox_python: str = Field("python3", min_length=1)
 
     @field_validator("namespace")
     @classmethod
