@@ -11,6 +11,8 @@ from otel_rl.server import ServeSettings, create_app, uvicorn_config, uvicorn_se
 from otel_rl.store.connection import default_db
 
 if TYPE_CHECKING:
+    from pydantic import ValidationError
+
     from otel_rl.gateway.limits import RequestLimits
 
 
@@ -224,6 +226,8 @@ def serve(
         ),
         shutdown_timeout_s=shutdown_timeout,
     )
+    from pydantic import ValidationError
+
     from otel_rl.gateway.vllm_env import VLLMEnvironmentMissing
     from otel_rl.store.wal import StoreDamaged
 
@@ -235,7 +239,9 @@ def serve(
     except VLLMEnvironmentMissing as missing:  # --vllm-arg is checked by vLLM's parser, in its environment
         Console(stderr=True).print(f"[red]error:[/] {missing}")
         raise typer.Exit(1) from None
-    except ValueError as error:  # its message starts with the flag it is about (--vllm, --token-file)
+    except ValidationError as error:  # the gateway's settings: each message names its flag (--vllm)
+        raise typer.BadParameter(_problems(error)) from None
+    except ValueError as error:  # its message starts with the flag it is about (--token-file)
         raise typer.BadParameter(str(error)) from None
     console = Console(stderr=True)
     console.print(
@@ -265,8 +271,14 @@ def _request_limits(value: str | None) -> "RequestLimits | None":
     try:
         return RequestLimits.model_validate(given)
     except ValidationError as error:
-        problems = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in error.errors())
-        raise typer.BadParameter(problems, param_hint="--request-limits") from None
+        raise typer.BadParameter(_problems(error), param_hint="--request-limits") from None
+
+
+def _problems(error: "ValidationError") -> str:
+    """Each problem of a settings object, on one line: `field: what is wrong`."""
+    return "; ".join(
+        f"{'.'.join(map(str, e['loc']))}: {e['msg'].removeprefix('Value error, ')}" for e in error.errors()
+    )
 
 
 def _json_option(flag: str, value: str | None) -> dict | None:

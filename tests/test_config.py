@@ -46,3 +46,14 @@ def test_sft_with_the_verl_backend_is_refused_before_anything_starts(tmp_path):
     result = CliRunner().invoke(app, ["train", "--config", str(path), "--sft", "--chats", str(chats)])
     assert result.exit_code == 1 and "SFT needs `backend: local`" in result.output
     assert not (tmp_path / "out").exists()
+
+
+def test_a_harness_env_that_sets_a_contract_variable_is_refused_when_the_config_loads():
+    for section in ("online", "eval"):
+        with pytest.raises(ConfigError, match=rf"{section}\.env: harness env may not set OPENAI_API_KEY"):
+            config_from_dict(
+                {"model": "m", section: {"env": {"OPENAI_API_KEY": "k", "OTEL_SERVICE_NAME": "a"}}}
+            )
+    assert config_from_dict({"model": "m", "online": {"env": {"OTEL_SERVICE_NAME": "a"}}}).online.env == {
+        "OTEL_SERVICE_NAME": "a"
+    }

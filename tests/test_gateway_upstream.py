@@ -2,7 +2,6 @@
 
 import asyncio
 import contextlib
-import dataclasses
 import re
 import socket
 import subprocess
@@ -16,9 +15,10 @@ import pytest
 from fake_vllm import MODEL, FakeVLLM
 from gateway_server import ADMIN_TOKEN, GatewayServer
 from otel_rl_server import OTEL_RL, ServerProcess
+from pydantic import ValidationError
 
 from otel_rl.gateway.servers import CONNECT_FAILURES_TO_LEAVE, InferenceServer, retry_delay_s
-from otel_rl.gateway.settings import server_root
+from otel_rl.gateway.settings import GatewaySettings, server_root
 from otel_rl.gateway.vllm import free_ports
 
 
@@ -49,7 +49,7 @@ def servers_state(gateway: GatewayServer) -> dict[str, bool]:
 
 def without_probes(gateway: GatewayServer) -> GatewayServer:
     """No periodic health probe during the test: what it observes is the calls' doing alone."""
-    gateway.gateway.settings = dataclasses.replace(gateway.gateway.settings, health_interval_s=3600)
+    gateway.gateway.settings = gateway.gateway.settings.model_copy(update={"health_interval_s": 3600})
     return gateway
 
 
@@ -84,6 +84,20 @@ def test_server_url_that_cannot_work_is_refused_naming_the_flag_and_the_forms(ur
         server_root(url)
     assert str(raised.value).startswith(f"--vllm {url!r}: ")
     assert "http://HOST:PORT or http://HOST:PORT/v1" in str(raised.value)
+
+
+def test_gateway_settings_name_the_setting_and_what_is_wrong():
+    assert GatewaySettings(servers=["http://10.0.0.5:8000/v1"]).servers == ("http://10.0.0.5:8000",)
+    for given, where, problem in [
+        ({"servers": ["10.0.0.5:8000"]}, "servers", "--vllm '10.0.0.5:8000': it does not start with http"),
+        ({"upstream_timeout_s": 0}, "upstream_timeout_s", "greater than 0"),
+        ({"split_sampling": {"train": 1.0}}, "split_sampling.train", "valid dictionary"),
+        ({"upstream_timeout": 5}, "upstream_timeout", "Extra inputs are not permitted"),
+    ]:
+        with pytest.raises(ValidationError) as raised:
+            GatewaySettings(**given)
+        [error] = raised.value.errors()
+        assert ".".join(map(str, error["loc"])).startswith(where) and problem in error["msg"]
 
 
 def test_every_vllm_url_form_reaches_chat_completions_and_health(tmp_path):

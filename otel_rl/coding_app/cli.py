@@ -4,7 +4,6 @@ import json
 import sys
 import tempfile
 from collections import Counter
-from dataclasses import replace
 from pathlib import Path
 from typing import Annotated
 
@@ -135,7 +134,7 @@ def probe_command(
             raise ConfigError(f"{config}: `online.harness` (the command each probe runs) is not set")
         rollouts = probe_rollouts(task_set.tasks, k, probe_id)
         log_dir = settings.output_dir / "probes" / probe_id
-        controller_settings = replace(train_settings(settings), log_dir=log_dir)
+        controller_settings = train_settings(settings, log_dir)
         client = ServerClient(settings.server.url, server_token(settings))
         try:
             results = asyncio.run(probe())

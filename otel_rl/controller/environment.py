@@ -3,10 +3,11 @@
 import json
 import shlex
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Annotated, Any
 from urllib.parse import quote
 
 from opentelemetry.trace import SpanContext
+from pydantic import AfterValidator
 
 # The variables the controller sets for every harness; anything else comes from the controller's
 # own environment (minus the prefixes below) and the user's `env` setting.
@@ -84,9 +85,14 @@ def harness_argv(command: str | Sequence[str], task: Mapping[str, Any]) -> list[
     return [part.replace("{task}", text) for part in command]
 
 
-def validate_user_env(user_env: Mapping[str, str]) -> None:
-    """Reject user settings that would overwrite a contract variable."""
+def validate_user_env(user_env: Mapping[str, str]) -> Mapping[str, str]:
+    """`user_env`, unless it would overwrite a contract variable (ValueError naming them)."""
     clashes = sorted(set(user_env) & set(CONTRACT_VARS))
     if clashes:
         names = ", ".join(clashes)
         raise ValueError(f"harness env may not set {names}: the controller sets them per rollout")
+    return user_env
+
+
+# A setting of extra variables for harnesses (the controller's `env`, a training config's `online.env`)
+HarnessEnv = Annotated[dict[str, str], AfterValidator(validate_user_env)]

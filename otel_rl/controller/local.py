@@ -8,7 +8,6 @@ import shutil
 import signal
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 
 from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
@@ -16,15 +15,11 @@ from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor
 from opentelemetry.trace import Span, Status, StatusCode
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from otel_rl import attributes as attr
 from otel_rl.controller import defaults
-from otel_rl.controller.environment import (
-    base_environment,
-    harness_argv,
-    harness_environment,
-    validate_user_env,
-)
+from otel_rl.controller.environment import HarnessEnv, base_environment, harness_argv, harness_environment
 from otel_rl.controller.forkserver import Forked, ForkServer, python_target
 from otel_rl.controller.launcher import Launcher
 from otel_rl.controller.rollouts import (
@@ -39,37 +34,36 @@ from otel_rl.controller.rollouts import (
 log = logging.getLogger(__name__)
 
 
-@dataclass(frozen=True)
-class ControllerSettings:
-    """How harnesses are run: command, limits, retries (the `rollouts` section of a training config)."""
+class ControllerSettings(BaseModel):
+    """How harnesses are run: command, limits, retries (a training config's `online` section)."""
 
-    command: str | Sequence[str]  # a string runs through /bin/sh -c; `{task}` is replaced by the task JSON
-    concurrency: int = defaults.CONCURRENCY
-    timeout_s: float = defaults.TIMEOUT_S
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    # a string runs through /bin/sh -c; `{task}` is replaced by the task JSON
+    command: str | list[str]
+    concurrency: int = Field(defaults.CONCURRENCY, ge=1)
+    timeout_s: float = Field(defaults.TIMEOUT_S, gt=0)
     # attempts per rollout, counting retries of timeouts, crashes and infra errors
-    max_attempts: int = defaults.MAX_ATTEMPTS
+    max_attempts: int = Field(defaults.MAX_ATTEMPTS, ge=1)
     kill_grace_s: float = 5.0  # SIGTERM → SIGKILL delay when a timeout kills the process group
     log_dir: Path = Path(".otel_rl/rollouts")
-    env: Mapping[str, str] = field(default_factory=dict)  # extra variables for every harness
+    env: HarnessEnv = {}  # extra variables for every harness
     # Python harnesses only: modules a fork server imports once; each attempt is then forked from it
     # (forkserver.py) instead of starting a new interpreter. Empty: every attempt is a fresh exec.
-    preload: Sequence[str] = ()
+    preload: tuple[str, ...] = ()
     # Added to the controller's niceness for harness processes (0-19): above 0 the trainer, the server and
     # vLLM on the same machine go first, and harnesses take the CPU they leave.
-    nice: int = 0
+    nice: int = Field(0, ge=0, le=19)
 
-    def __post_init__(self) -> None:
+    @model_validator(mode="after")
+    def _runnable(self) -> "ControllerSettings":
         if not self.command:
-            raise ValueError("rollouts.command is empty: give the harness command (argv list or shell line)")
+            raise ValueError("command is empty: give the harness command (argv list or shell line)")
         if self.preload:
             if isinstance(self.command, str):
-                raise ValueError("rollouts.preload needs the command as an argv list: [python, SCRIPT, ...]")
+                raise ValueError("preload needs the command as an argv list: [python, SCRIPT, ...]")
             python_target(self.command)
-        if self.concurrency < 1 or self.max_attempts < 1 or self.timeout_s <= 0:
-            raise ValueError("rollouts: concurrency and max_attempts must be >= 1, timeout_s > 0")
-        if not 0 <= self.nice <= 19:
-            raise ValueError(f"rollouts.nice must be 0-19, not {self.nice}")
-        validate_user_env(self.env)
+        return self
 
 
 KeyIssuer = Callable[[Mapping[str, str]], str]  # rollout identity attributes → rollout-scoped API key

@@ -1,8 +1,9 @@
 """Typed settings of the gateway (inference servers, per-split sampling, reload and timeout bounds)."""
 
-from dataclasses import dataclass, field
-from typing import Any
+from typing import Annotated, Any
 from urllib.parse import SplitResult, urlsplit
+
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
 from otel_rl.gateway.limits import RequestLimits
 
@@ -46,42 +47,28 @@ def _url_problem(url: str, parts: SplitResult) -> str | None:
     return None
 
 
-@dataclass(frozen=True)
-class GatewaySettings:
+class GatewaySettings(BaseModel):
     """How the gateway routes, samples, records and reloads."""
 
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
     # Base URLs of vLLM servers; each is normalized to the server's root (see server_root).
-    servers: tuple[str, ...] = ()
+    servers: tuple[Annotated[str, AfterValidator(server_root)], ...] = ()
     # Sampling parameters forced per split (the rollout's `otel_rl.split`); other splits send the client's.
-    split_sampling: dict[str, dict[str, Any]] = field(default_factory=lambda: dict(DEFAULT_SPLIT_SAMPLING))
+    split_sampling: dict[str, dict[str, Any]] = Field(default_factory=lambda: dict(DEFAULT_SPLIT_SAMPLING))
     # One model call (a long generation is legitimate); also how long a call waits for a server to answer
     # its connect when every server is down.
-    upstream_timeout_s: float = 600.0
-    connect_timeout_s: float = 5.0
-    health_interval_s: float = 2.0
+    upstream_timeout_s: float = Field(600.0, gt=0)
+    connect_timeout_s: float = Field(5.0, gt=0)
+    health_interval_s: float = Field(2.0, gt=0)
     pause_wait_s: float = 30.0  # how long a new request waits for a reload before 503 + Retry-After
     drain_timeout_s: float = 30.0  # how long a reload waits for in-flight calls before aborting them
-    reload_timeout_s: float = 300.0  # one server's reload_weights / load_lora_adapter
+    reload_timeout_s: float = Field(300.0, gt=0)  # one server's reload_weights / load_lora_adapter
     forward_otlp: str | None = None  # also send the gateway's spans to this OTLP/HTTP traces endpoint
     span_flush_ms: int = 50  # batch delay of the span exporter (the trainer waits for spans)
     # One call's request body: a coding agent's turn carries its whole conversation (a Codex turn is ~50 KB
     # and grows), far below this; the bound is what the gateway holds in memory per call before parsing.
-    max_request_bytes: int = 32 * 1024 * 1024
+    max_request_bytes: int = Field(32 * 1024 * 1024, gt=0)
     # What one call may ask for (choices, tokens, messages, media...), checked before it is translated or
     # forwarded (docs/security.md#what-one-model-call-may-ask-for).
-    request_limits: RequestLimits = field(default_factory=RequestLimits)
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "servers", tuple(server_root(url) for url in self.servers))
-        for split, params in self.split_sampling.items():
-            if not isinstance(params, dict):
-                raise ValueError(f"split_sampling[{split!r}] must be an object of sampling parameters")
-        for name in (
-            "upstream_timeout_s",
-            "connect_timeout_s",
-            "health_interval_s",
-            "reload_timeout_s",
-            "max_request_bytes",
-        ):
-            if getattr(self, name) <= 0:
-                raise ValueError(f"{name} must be > 0")
+    request_limits: RequestLimits = RequestLimits()

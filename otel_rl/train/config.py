@@ -8,6 +8,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from otel_rl.controller import defaults
 from otel_rl.controller.backends import ControllerSection
+from otel_rl.controller.environment import HarnessEnv
 
 if TYPE_CHECKING:
     from otel_rl.transforms.rewards import RewardSpec
@@ -98,7 +99,7 @@ class OnlineSettings(_Section):
 
     tasks: Path | None = None  # JSONL, one task per line
     harness: str | list[str] | None = None  # run once per rollout: argv, or a string for /bin/sh -c
-    env: dict[str, str] = {}  # extra environment for every harness process
+    env: HarnessEnv = {}  # extra environment for every harness process
     # The controller's defaults (one definition: otel_rl/controller/defaults.py)
     concurrency: int = Field(defaults.CONCURRENCY, ge=1)
     # per rollout; the whole process group is killed after it
@@ -118,7 +119,7 @@ class EvalSettings(_Section):
     harness: str | list[str] | None = None  # the eval command (e.g. greedy flags); None: online.harness
     # Several evaluations at each point, by name (e.g. greedy and sampled); empty: one named "eval" above
     harnesses: dict[str, str | list[str]] = {}
-    env: dict[str, str] = {}  # extra environment for eval runs, over online.env
+    env: HarnessEnv = {}  # extra environment for eval runs, over online.env
 
 
 class OfflineSettings(_Section):

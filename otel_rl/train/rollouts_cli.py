@@ -4,7 +4,6 @@ import asyncio
 import hashlib
 import json
 import sys
-from dataclasses import replace
 from enum import StrEnum
 from pathlib import Path
 from typing import Annotated, Any
@@ -91,7 +90,7 @@ def run_command(
         run_id = run_id or f"rollouts-{new_id()[:12]}"
         listed = read_tasks(tasks)
         log_dir = settings.output_dir / "rollouts-run" / run_id
-        controller_settings = replace(train_settings(settings), log_dir=log_dir)
+        controller_settings = train_settings(settings, log_dir)
         client = ServerClient(settings.server.url, server_token(settings))
         rollouts = []
         for index, task in enumerate(listed):
