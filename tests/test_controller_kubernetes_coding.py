@@ -26,7 +26,7 @@ from otel_rl_server import ServerProcess
 from test_coding_rollout import HARNESS, LIMITS, reply, wait_rows
 
 from otel_rl import attributes as attr
-from otel_rl.coding import humaneval
+from otel_rl.coding import humaneval, sandbox
 from otel_rl.coding.tasks import TaskSet, load_tasks
 from otel_rl.controller import Rollout, RolloutResult, RolloutStatus, new_id
 from otel_rl.controller.coding import CodingLauncher
@@ -223,3 +223,45 @@ def test_the_rendered_pod_command_runs_under_real_bwrap_and_the_grader_outside_r
         1,
     )
     assert resource == [{"mode": "bubblewrap", "cpu": str(LIMITS.cpu_seconds)}]
+
+
+def test_a_pod_whose_sandbox_cannot_start_or_hits_its_wall_clock_is_never_graded(
+    server: ServerProcess, tmp_path: Path
+) -> None:
+    task_set = load_tasks(humaneval_task_file(tmp_path, count=1))
+    task = task_set.tasks[0]
+    client = ServerClient(server.http_url, server.token)
+    harness = [IMAGE_PYTHON, str(HARNESS), json.dumps({"model": MODEL, "ports": [], "outside": "127.0.0.2"})]
+
+    def attempt(answer: str, limits: sandbox.Limits, binds: list[Path]) -> tuple[Rollout, RolloutResult]:
+        launcher = CodingLauncher(
+            task_set, admin_token=server.token, post_reward=client.post_reward, limits=limits, binds=binds
+        )
+        coding = kube_coding.KubernetesCoding(launcher, admin_token=server.token, python=IMAGE_PYTHON)
+        rollout = Rollout(
+            new_id(),
+            f"{RUN_ID}-{new_id()}",
+            task.instance_id,
+            {"behaviour": "run", "question": "q", "answer": answer},
+        )
+        with KubeApiStandIn() as stand:
+            [result] = run(
+                stand, server, tmp_path, [rollout], coding=coding, command=harness, max_attempts=1,
+                pod_server_url=server.http_url, timeout_s=120, env=IMAGE_ENV,
+            )  # fmt: skip
+        return rollout, result
+
+    # bwrap cannot bind a folder the image does not have: the harness never runs, an infrastructure error
+    missing = [HARNESS.parent, Path(SITE), tmp_path / "not-in-the-image"]
+    rollout, result = attempt("right", LIMITS, missing)
+    assert [(a.status, a.exit_code) for a in result.attempts] == [(RolloutStatus.INFRA_ERROR, 125)]
+    span = controller_span(server, rollout.rollout_id)
+    assert span[attr.GRADE_OUTCOME] == "not_graded" and "did not start" in span[attr.GRADE_ERROR]
+    # the wall clock takes the whole sandbox (the harness and its `sleep 600`): timed out, truncated
+    rollout_hung, result = attempt("hang", sandbox.Limits(wall_seconds=3), [HARNESS.parent, Path(SITE)])
+    assert [(a.status, a.exit_code) for a in result.attempts] == [(RolloutStatus.TIMEOUT, 124)]
+    assert result.attempts[0].duration_s < 60
+    span = controller_span(server, rollout_hung.rollout_id)
+    assert span[attr.ROLLOUT_TRUNCATED] == "time" and span[attr.GRADE_OUTCOME] == "not_graded"
+    ids = f"'{rollout.rollout_id}', '{rollout_hung.rollout_id}'"
+    assert server.scalar(f"SELECT count(*) FROM rewards WHERE rollout_id IN ({ids})") == 0
