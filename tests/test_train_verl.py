@@ -203,10 +203,10 @@ def test_verls_own_keys_pass_through(tiny_model_dir):
             verl={"actor_rollout_ref": {"actor": {"fsdp_config": {"param_offload": True}}}},
         )
     )
-    check_overrides(config)  # no error: a key otel-rl has no setting for
+    check_overrides(config.verl_settings(), config.verl)  # no error: a key otel-rl has no setting for
     from otel_rl.train.verl.config import compose_config
 
-    composed = compose_config(config)
+    composed = compose_config(config.verl_settings(), config.verl)
     assert composed.actor_rollout_ref.actor.fsdp_config.param_offload is True
     assert composed.actor_rollout_ref.actor.optim.lr == 1e-3  # from otel-rl's own setting
     assert composed.actor_rollout_ref.actor.strategy == "fsdp2"

@@ -14,6 +14,11 @@ if TYPE_CHECKING:
     from otel_rl.transforms.rewards import RewardSpec
 
 
+# Float32 everywhere on CPU: what the local backend computes in, so both give the same update; verl's
+# engine otherwise computes in bf16 whatever `fsdp_config.dtype` says.
+_FLOAT32 = {"param_dtype": "fp32", "reduce_dtype": "fp32", "buffer_dtype": "fp32"}
+
+
 class ConfigError(ValueError):
     """A training configuration that cannot be used; the message names the field and the problem."""
 
@@ -173,8 +178,67 @@ class TrainConfig(_Section):
             return self
         from otel_rl.train.verl.config import check_overrides
 
-        check_overrides(self)  # its ValueError starts with the dotted key: "verl.trainer.nnodes: ..."
+        # its ValueError starts with the dotted key: "verl.trainer.nnodes: ..."
+        check_overrides(self.verl_settings(), self.verl)
         return self
+
+    def verl_settings(self) -> dict[str, Any]:
+        """What these settings set in verl's config (backend verl), in its names: one setting, one place."""
+        optim, algo = self.optim, self.algorithm
+        fsdp = {"seed": self.seed, "use_torch_compile": False}
+        if self.device == "cpu":
+            # FSDP1 hard-codes sync_module_states=True, which torch refuses for CPU modules: fsdp2 on CPU.
+            fsdp |= {"strategy": "fsdp2", "dtype": "float32", "mixed_precision": _FLOAT32}
+        actor = {
+            "ppo_micro_batch_size_per_gpu": optim.micro_batch_size,
+            "ppo_epochs": algo.ppo_epochs,
+            "clip_ratio": algo.clip_ratio_low,
+            "clip_ratio_low": algo.clip_ratio_low,
+            "clip_ratio_high": algo.clip_ratio_high,
+            "clip_ratio_c": algo.clip_ratio_c,
+            "loss_agg_mode": algo.loss_agg_mode,
+            "policy_loss": {"loss_mode": algo.policy_loss},
+            "use_kl_loss": algo.kl_coef > 0,
+            "kl_loss_coef": algo.kl_coef,
+            "kl_loss_type": algo.kl_penalty,
+            "entropy_coeff": 0.0,
+            "use_torch_compile": False,
+            "data_loader_seed": self.seed,
+            "optim": {
+                "lr": optim.lr,
+                "weight_decay": optim.weight_decay,
+                "clip_grad": optim.max_grad_norm,
+                "total_training_steps": self.steps,
+                **_verl_schedule(optim),
+            },
+            "fsdp_config": fsdp,
+            # hf_model: the Hugging Face export save() hands to vLLM; loading needs only the sharded state.
+            "checkpoint": {
+                "save_contents": ["model", "optimizer", "extra", "hf_model"],
+                "load_contents": ["model", "optimizer", "extra"],
+            },
+        }
+        model: dict[str, Any] = {"path": str(self.model)}
+        if self.device == "cpu":
+            actor["strategy"] = "fsdp2"
+            # No flash attention on CPU; padded micro-batches (packing needs varlen attention kernels).
+            model |= {
+                "override_config": {"attn_implementation": "sdpa"},
+                "use_remove_padding": False,
+                "enable_gradient_checkpointing": False,
+            }
+        return {
+            "actor_rollout_ref": {
+                "model": model,
+                "actor": actor,
+                "ref": {"fsdp_config": fsdp, "log_prob_micro_batch_size_per_gpu": optim.micro_batch_size},
+                "rollout": {
+                    "n": algo.group_size,
+                    "log_prob_micro_batch_size_per_gpu": optim.micro_batch_size,
+                },
+            },
+            "trainer": {"device": self.device, "nnodes": 1, "n_gpus_per_node": 1},
+        }
 
     def require_online(self) -> None:
         """Raise ConfigError unless the online loop has what it needs."""
@@ -198,6 +262,22 @@ class TrainConfig(_Section):
         """Raise ConfigError unless offline RL has its rollout filter."""
         if not self.offline.where:
             raise ConfigError("offline RL needs a rollout filter: `--where` or `offline.where`")
+
+
+def _verl_schedule(optim: OptimSettings) -> dict[str, Any]:
+    """otel-rl's schedule in verl's scheduler. The local backend's warm-up is (step + 1) / warmup_steps, its
+    first step already moves; verl's constant schedule starts at 0 (a first step that changes nothing).
+    verl's cosine schedule with `zero_indexed_step: false` has otel-rl's warm-up, and with `num_cycles: 0`
+    it stays at the full rate after it: otel-rl's constant schedule exactly. otel-rl's cosine maps to
+    verl's cosine, whose decay runs one step ahead of the local backend's (verl's own definition)."""
+    cycles = 0.0 if optim.schedule == "constant" else 0.5
+    return {
+        "lr_scheduler_type": "cosine",
+        "lr_warmup_steps": optim.warmup_steps,
+        "zero_indexed_step": False,
+        "num_cycles": cycles,
+        "min_lr_ratio": 0.0,
+    }
 
 
 def _require_file(path: Path, field: str) -> None:

@@ -1,11 +1,12 @@
 """verl's own configuration for otel-rl's training settings: its `ppo_trainer.yaml`, composed with hydra as
 verl composes it, then otel-rl's settings, then the user's `verl:` section.
 
-Three layers, last wins: verl's defaults; what TrainConfig already says (model, optimizer, objective, seed,
-device: one setting, one place); the `verl:` section for everything otel-rl has no setting of its own for
-(sharding, offload, micro-batching by tokens, the cluster's shape). The section is checked before anything
-starts: every key must exist in verl's config, with a value of the default's type, and none may restate a
-TrainConfig setting (two places for one setting drift apart).
+Three layers, last wins: verl's defaults; what TrainConfig already says (TrainConfig.verl_settings: model,
+optimizer, objective, seed, device: one setting, one place); the `verl:` section for everything otel-rl has
+no setting of its own for (sharding, offload, micro-batching by tokens, the cluster's shape). The section is
+checked before anything starts: every key must exist in verl's config, with a value of the default's type,
+and none may restate a TrainConfig setting (two places for one setting drift apart). This module knows
+nothing of TrainConfig: the config calls it to check its own `verl:` section.
 """
 
 from functools import cache
@@ -13,12 +14,6 @@ from pathlib import Path
 from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
-
-from otel_rl.train.config import TrainConfig
-
-# Float32 everywhere on CPU: what the local backend computes in, so both give the same update; verl's
-# engine otherwise computes in bf16 whatever `fsdp_config.dtype` says.
-_FLOAT32 = {"param_dtype": "fp32", "reduce_dtype": "fp32", "buffer_dtype": "fp32"}
 
 
 @cache
@@ -32,95 +27,24 @@ def verl_defaults() -> DictConfig:
         return compose(config_name="ppo_trainer")
 
 
-def otel_rl_settings(config: TrainConfig) -> dict[str, Any]:
-    """The verl keys that TrainConfig decides, in verl's names."""
-    optim, algo = config.optim, config.algorithm
-    fsdp = {"seed": config.seed, "use_torch_compile": False}
-    if config.device == "cpu":
-        # FSDP1 hard-codes sync_module_states=True, which torch refuses for CPU modules: fsdp2 on CPU.
-        fsdp |= {"strategy": "fsdp2", "dtype": "float32", "mixed_precision": _FLOAT32}
-    actor = {
-        "ppo_micro_batch_size_per_gpu": optim.micro_batch_size,
-        "ppo_epochs": algo.ppo_epochs,
-        "clip_ratio": algo.clip_ratio_low,
-        "clip_ratio_low": algo.clip_ratio_low,
-        "clip_ratio_high": algo.clip_ratio_high,
-        "clip_ratio_c": algo.clip_ratio_c,
-        "loss_agg_mode": algo.loss_agg_mode,
-        "policy_loss": {"loss_mode": algo.policy_loss},
-        "use_kl_loss": algo.kl_coef > 0,
-        "kl_loss_coef": algo.kl_coef,
-        "kl_loss_type": algo.kl_penalty,
-        "entropy_coeff": 0.0,
-        "use_torch_compile": False,
-        "data_loader_seed": config.seed,
-        "optim": {
-            "lr": optim.lr,
-            "weight_decay": optim.weight_decay,
-            "clip_grad": optim.max_grad_norm,
-            "total_training_steps": config.steps,
-            **_schedule(config),
-        },
-        "fsdp_config": fsdp,
-        # hf_model: the Hugging Face export save() hands to vLLM; loading needs only the sharded state.
-        "checkpoint": {
-            "save_contents": ["model", "optimizer", "extra", "hf_model"],
-            "load_contents": ["model", "optimizer", "extra"],
-        },
-    }
-    model: dict[str, Any] = {"path": str(config.model)}
-    if config.device == "cpu":
-        actor["strategy"] = "fsdp2"
-        # No flash attention on CPU; padded micro-batches (packing needs varlen attention kernels).
-        model |= {
-            "override_config": {"attn_implementation": "sdpa"},
-            "use_remove_padding": False,
-            "enable_gradient_checkpointing": False,
-        }
-    return {
-        "actor_rollout_ref": {
-            "model": model,
-            "actor": actor,
-            "ref": {"fsdp_config": fsdp, "log_prob_micro_batch_size_per_gpu": optim.micro_batch_size},
-            "rollout": {"n": algo.group_size, "log_prob_micro_batch_size_per_gpu": optim.micro_batch_size},
-        },
-        "trainer": {"device": config.device, "nnodes": 1, "n_gpus_per_node": 1},
-    }
-
-
-def _schedule(config: TrainConfig) -> dict[str, Any]:
-    """otel-rl's schedule in verl's scheduler. The local backend's warm-up is (step + 1) / warmup_steps, its
-    first step already moves; verl's constant schedule starts at 0 (a first step that changes nothing).
-    verl's cosine schedule with `zero_indexed_step: false` has otel-rl's warm-up, and with `num_cycles: 0`
-    it stays at the full rate after it: otel-rl's constant schedule exactly. otel-rl's cosine maps to
-    verl's cosine, whose decay runs one step ahead of the local backend's (verl's own definition)."""
-    cycles = 0.0 if config.optim.schedule == "constant" else 0.5
-    return {
-        "lr_scheduler_type": "cosine",
-        "lr_warmup_steps": config.optim.warmup_steps,
-        "zero_indexed_step": False,
-        "num_cycles": cycles,
-        "min_lr_ratio": 0.0,
-    }
-
-
-def compose_config(config: TrainConfig) -> DictConfig:
-    """verl's full config for `config`: defaults, then otel-rl's settings, then the `verl:` section."""
+def compose_config(settings: dict[str, Any], overrides: dict[str, Any]) -> DictConfig:
+    """verl's full config: its defaults, then otel-rl's `settings` (TrainConfig.verl_settings), then the
+    `verl:` section's `overrides`."""
     # Merged over a plain copy: verl's composed config is in struct mode, where new keys (our
     # override_config.attn_implementation, fsdp_config.mixed_precision) are refused; then struct again.
-    merged = OmegaConf.merge(OmegaConf.create(_defaults_tree()), otel_rl_settings(config), config.verl)
+    merged = OmegaConf.merge(OmegaConf.create(_defaults_tree()), settings, overrides)
     OmegaConf.set_struct(merged, True)
     return merged
 
 
-def check_overrides(config: TrainConfig) -> None:
-    """Raise ValueError("verl.<dotted.key>: ...") for the first unusable key of `config.verl`."""
-    owned = _leaves(otel_rl_settings(config))
+def check_overrides(settings: dict[str, Any], overrides: dict[str, Any]) -> None:
+    """Raise ValueError("verl.<dotted.key>: ...") for the first unusable key of the `verl:` section
+    (`overrides`), given otel-rl's `settings` in verl's names."""
+    owned = _leaves(settings)
     # The cluster's shape is verl's to set (trainer.nnodes, trainer.n_gpus_per_node): not otel-rl's setting.
     owned = {key: value for key, value in owned.items() if not key.startswith("trainer.n")}
-    _check(config.verl, _defaults_tree(), "", owned)
-    composed = compose_config(config)
-    _check_dataclasses(composed)
+    _check(overrides, _defaults_tree(), "", owned)
+    _check_dataclasses(compose_config(settings, overrides))
 
 
 @cache

@@ -44,7 +44,7 @@ class VerlTrainer:
         import ray
 
         self.config = config
-        self.verl_config = compose_config(config)
+        self.verl_config = compose_config(config.verl_settings(), config.verl)
         self.tokenizer = AutoTokenizer.from_pretrained(config.model)
         self.pad_token_id = self.tokenizer.pad_token_id
         self._workdir = Path(tempfile.mkdtemp(prefix="otel-rl-verl-"))
