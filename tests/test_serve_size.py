@@ -81,6 +81,7 @@ def test_vllm_flags_passed_through_replace_ours_of_the_same_name(tiny_model_dir)
         ("--port=9000", "each replica gets a free port"),
         ("--max_model_len 64", "use otel-rl's --max-model-len"),
         ("--enable-lora", "use --lora-rank"),
+        ("--api-key=secret", "the gateway calls its servers without one"),
     ],
 )
 def test_a_flag_otel_rl_sets_itself_is_refused_naming_it(tiny_model_dir, tmp_path, flag, reason):

@@ -1,6 +1,7 @@
 """`otel-rl serve --model DIR --replicas 2` on real vLLM (CPU build, tiny model): two servers behind the
 gateway, each on a core of its own, both receive calls and both are reloaded to each new policy version."""
 
+import os
 import time
 from pathlib import Path
 
@@ -50,6 +51,33 @@ def served_by(server: ServerProcess, tag: str) -> dict[str, tuple[str, int]]:
         time.sleep(0.2)
 
 
+def descendants(pid: int) -> list[int]:
+    """Every process below `pid` (the kernel's children lists, recursively)."""
+    found = []
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        for child in map(int, (task / "children").read_text().split()):
+            found += [child, *descendants(child)]
+    return found
+
+
+def vllm_workers(server: ServerProcess) -> dict[int, tuple[set[int], int]]:
+    """Each vLLM worker process under `otel-rl serve`: its CPU affinity, and the resident memory of its
+    replica's processes (API server, engine core, worker) in bytes."""
+    assert server.process is not None
+    workers = {}
+    for api in descendants(server.process.pid):
+        if "vllm.entrypoints" not in Path(f"/proc/{api}/cmdline").read_text(errors="replace"):
+            continue
+        tree = [api, *descendants(api)]
+        rss = sum(
+            int(Path(f"/proc/{p}/statm").read_text().split()[1]) * os.sysconf("SC_PAGE_SIZE") for p in tree
+        )
+        for pid in tree:
+            if Path(f"/proc/{pid}/comm").read_text().startswith("VLLM::Worker"):
+                workers[pid] = (os.sched_getaffinity(pid), rss)
+    return workers
+
+
 def test_two_replicas_share_the_calls_and_are_reloaded_together(tiny_model_dir: Path, tmp_path: Path):
     vllm_python()  # the vLLM environment must be built (make vllm-env)
     if this_machine().gpus or len(this_machine().cores) < 2:
@@ -64,6 +92,10 @@ def test_two_replicas_share_the_calls_and_are_reloaded_together(tiny_model_dir: 
         policy = httpx.get(policy_url, headers=server.auth, timeout=10).json()
         replicas = {s["url"] for s in policy["servers"]}
         assert len(replicas) == 2
+        workers = vllm_workers(server)
+        print({pid: (sorted(cores), f"{rss / 2**30:.2f} GiB") for pid, (cores, rss) in workers.items()})
+        [first, second] = [cores for cores, _ in workers.values()]
+        assert first and second and not first & second  # each replica's worker on cores of its own
 
         before = greedy_answers(server, "before")
         calls = served_by(server, "before")

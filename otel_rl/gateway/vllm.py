@@ -16,14 +16,12 @@ from typing import Self
 
 import httpx
 
-from otel_rl.gateway.vllm_env import (  # noqa: F401 - re-exported: where tests and scripts have found them
+# VLLM_LOCK, cache_root, environment_*, vllm_app: re-exported, where the CLI and tests have found them
+from otel_rl.gateway.vllm_env import (  # noqa: F401
     VLLM_LOCK,
-    VLLMEnvironmentMissing,
-    VLLMSetupError,
     cache_root,
     environment_dir,
     environment_recipe,
-    setup_environment,
     tail,
     vllm_app,
     vllm_python,

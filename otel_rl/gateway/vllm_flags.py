@@ -33,6 +33,7 @@ RESERVED = {
     "--served-model-name": "the gateway names the model itself",
     "--host": "the server binds 127.0.0.1, behind the gateway",
     "--port": "each replica gets a free port",
+    "--api-key": "the gateway calls its servers without one; they listen on loopback only",
     "--max-model-len": "use otel-rl's --max-model-len (checked against the model's config)",
     "--enable-lora": "use --lora-rank",
     "--max-lora-rank": "use --lora-rank",
