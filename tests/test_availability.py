@@ -15,6 +15,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 import httpx
+import pyarrow as pa
 import pytest
 from fake_vllm import MODEL, FakeVLLM, Fault
 from otel_rl_server import ServerProcess
@@ -70,6 +71,15 @@ def answer(sock: socket.socket, timeout_s: float) -> bytes | None:
     return received
 
 
+def answered_within(sockets: list[socket.socket], count: int, timeout_s: float) -> list[socket.socket]:
+    """The sockets the server has answered (readable), once there are `count`, or all there are after
+    `timeout_s`."""
+    deadline = time.monotonic() + timeout_s
+    while len(answered := select.select(sockets, [], [], 0)[0]) < count and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return answered
+
+
 def status_of(reply: bytes | None) -> int | None:
     return int(reply.split(b" ", 2)[1]) if reply else None
 
@@ -117,17 +127,19 @@ def test_connections_over_the_total_cap_are_refused_and_grpc_keeps_working(tmp_p
     server = guarded_server(tmp_path, *flags)
     try:
         with (
-            slow_clients(server, PER_CLIENT, "127.0.0.2"),
+            slow_clients(server, PER_CLIENT, "127.0.0.2") as first,
             slow_clients(server, PER_CLIENT, "127.0.0.3") as more,
         ):
-            time.sleep(0.3)
-            answered, _, _ = select.select(more, [], [], 0)  # the others are still open
-            assert len(answered) == 2 * PER_CLIENT - 60
+            over_cap = 2 * PER_CLIENT - 60
+            answered = answered_within(more, over_cap, MARGIN_S)
+            assert len(answered) == over_cap  # the others are still open
             assert {status_of(answer(sock, 1)) for sock in answered} == {503}
             refused = httpx.get(f"{server.http_url}/healthz", timeout=5)
             assert refused.status_code == 503 and "--max-connections" in refused.text
             raw_trace_export(server, spans_request(2)[0].SerializeToString(), server.token)  # another port
-            time.sleep(HEADER_TIMEOUT_S + 0.5)  # the held ones time out and free the slots
+            held = first + [sock for sock in more if sock not in answered]
+            # the held ones time out, which frees their slots
+            assert {status_of(answer(sock, HEADER_TIMEOUT_S + MARGIN_S)) for sock in held} == {408}
             exports_work(server)
     finally:
         server.stop()
@@ -160,7 +172,7 @@ def test_a_body_that_stops_arriving_or_a_client_that_leaves_is_one_log_line(tmp_
             assert [answer(sock, BODY_TIMEOUT_S + MARGIN_S) for sock in stalled] == [b""] * 3  # closed
             assert time.monotonic() - started < BODY_TIMEOUT_S + MARGIN_S
         with slow_clients(server, 2, "127.0.0.1", body_head(server, "/v1/chat/completions")):
-            time.sleep(0.5)  # then they leave, their bodies unsent
+            server.wait_for_requests_in_flight(2, "the server reading both bodies")  # then they leave
         exports_work(server)
     finally:
         server.stop()
@@ -220,12 +232,17 @@ def test_sigterm_under_load_ends_the_server_within_the_shutdown_timeout(tmp_path
         for client in load:
             client.start()
         try:
+            deadline = time.monotonic() + 30
+            while len(fake.requests) < 4:
+                assert time.monotonic() < deadline, f"{len(fake.requests)} of 4 streams reached the upstream"
+                time.sleep(0.05)
+            server.wait_for_requests_in_flight(4 + 1, "the streams and the query")
             with (
                 slow_clients(server, 100, "127.0.0.2"),
                 slow_clients(server, 5, "127.0.0.3", body_head(server, "/v1/traces")),
             ):
-                time.sleep(1.0)  # the streams and the query are running
-                assert fake.requests, "no stream reached the upstream"
+                # and the 5 stalled bodies, before their body timeout (the others never end their headers)
+                server.wait_for_requests_in_flight(4 + 1 + 5, "the stalled bodies", timeout_s=BODY_TIMEOUT_S)
                 started = time.monotonic()
                 server.process.send_signal(signal.SIGTERM)
                 code = server.process.wait(30)
@@ -265,7 +282,13 @@ def test_view_and_sql_queries_under_ingest_load_end_at_the_query_timeout(tmp_pat
         seed, _ = spans_request(10, rollout_ids=["seed"] * 10)
         headers = server.auth | {"content-type": "application/x-protobuf"}
         httpx.post(f"{server.http_url}/v1/traces", content=seed.SerializeToString(), headers=headers)
-        assert server.scalar("SELECT count(*) FROM rollouts WHERE rollout_id = 'seed'") == 1
+        # The seed's rollout, once the normalizer has made it (on a loaded machine past the 2 s query limit).
+        seeded = {"sql": "SELECT count(*) AS n FROM rollouts WHERE rollout_id = 'seed'"}
+        deadline = time.monotonic() + 30
+        while (reply := timed("POST", "/v1/query", json=seeded)).status_code != 200:
+            assert reply.status_code in (408, 503) and time.monotonic() < deadline, reply.text
+        timings.clear()  # the load is not on yet
+        assert pa.ipc.open_stream(reply.content).read_all().column("n").to_pylist() == [1]
         for loader in loaders:
             loader.start()
         until = time.monotonic() + 12
@@ -276,7 +299,8 @@ def test_view_and_sql_queries_under_ingest_load_end_at_the_query_timeout(tmp_pat
     finally:
         stop.set()
         for loader in loaders:
-            loader.join(60)
+            if loader.ident is not None:  # started
+                loader.join(60)
         server.stop()
     assert {status for _, status, _ in timings} <= {200, 408, 503}, timings
     slowest = max(timings, key=lambda timing: timing[2])
@@ -292,7 +316,7 @@ def test_the_web_views_queries_take_the_same_concurrency_slots_as_sql(tmp_path):
     )
     try:
         holding.start()
-        time.sleep(0.5)  # it holds the one slot
+        server.wait_for_requests_in_flight(1, "the slow query holding the one slot")
         page = httpx.get(f"{server.http_url}/ui/api/rollouts", headers=server.auth, timeout=30)
         assert page.status_code == 429 and "--query-concurrency" in page.text, page.text
         holding.join(30)
