@@ -123,10 +123,13 @@ def test_call_waiting_longer_than_the_bound_for_a_reload_is_refused_and_the_stuc
             reload_timeout_s=0.5,
         )
         reload = asyncio.create_task(coordinator.reload(version=1, checkpoint="/ckpt", lora_adapter=None))
-        await asyncio.sleep(0.01)  # the reload holds the gate: its /pause hangs
+        deadline = time.monotonic() + 10
+        while not coordinator.busy:  # until the reload holds the gate (its /pause then hangs)
+            assert time.monotonic() < deadline, "the reload never started"
+            await asyncio.sleep(0.005)
         with pytest.raises(GatewayPaused) as raised:
             await coordinator.admit()
-        assert raised.value.retry_after_s >= 1
+        assert raised.value.retry_after_s == 1
         result = await reload
         assert [(s.ok, s.error.split(":")[0]) for s in result.servers] == [(False, "UpstreamError")]
         assert "timeout" in result.servers[0].error
