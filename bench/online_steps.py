@@ -10,6 +10,10 @@ next step are in flight meanwhile (half their turns sent), as the launcher keeps
 
 Prints the transform's seconds at steps 1, 50, 100, 200 (the median of the 5 steps around each), its slope
 over the run, the floor, and the server's normalizing rounds. The aim (issue 27): step 200 <= 1.5x step 1.
+Each step's record has the rounds the server ran since the last step (rounds, raw rows read, traces in their
+scopes, seconds) and the CPU seconds the server spent in the transform's wait and read: on a machine other
+processes load, wall time stretches with the load, CPU time much less, so the two together tell a cost that
+grows with the run from a busier machine.
 
 Run: .venv/bin/python bench/online_steps.py [--steps 200] [--groups 4] [--group-size 4] [--turns 4]
 """
@@ -22,6 +26,8 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 
 import httpx
@@ -160,8 +166,19 @@ def step_groups(rng: np.random.Generator, step: int, args: argparse.Namespace) -
     ]
 
 
+def process_cpu(pid: int) -> float:
+    """The CPU seconds (user and system, every thread) process `pid` has used so far (Linux)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime, stime: fields 14, 15
+
+
 def timed_step(
-    client: ServerClient, rollouts: list[Rollout], version: int, *, warm_up: bool = False
+    client: ServerClient,
+    rollouts: list[Rollout],
+    version: int,
+    server_cpu: Callable[[], float],
+    *,
+    warm_up: bool = False,
 ) -> dict[str, float]:
     """The trainer's part of one step: wait for the status spans, read the groups, build samples."""
     options = SampleOptions(current_policy_version=version)
@@ -178,13 +195,16 @@ def timed_step(
 
     reads.attempt_progress(poll, attempts, since)  # as await_in_store polls
     seen = seen_through[0]
+    cpu_polled = server_cpu()
     polled = time.perf_counter()
     client.query("SELECT 1 FROM llm_calls LIMIT 0", after_commit=seen)  # as group_samples waits
     waited = time.perf_counter()
+    cpu_waited = server_cpu()
     calls, found, rewards = read_groups(
         lambda sql, params: client.query(sql, params, after_commit=seen), groups, since
     )
     read = time.perf_counter()
+    cpu_read = server_cpu()
     if warm_up:  # the first build imports the advantage estimators (seconds): no step's cost
         build_samples(calls, found, rewards, options=options)
     built = time.perf_counter()
@@ -204,6 +224,9 @@ def timed_step(
         "build": floor - built,
         "transform": read - polled + floor - built,
         "floor": ended - floor,
+        "cpu_wait": cpu_waited - cpu_polled,
+        "cpu_read": cpu_read - cpu_waited,
+        "cpu": cpu_read - cpu_polled,
     }
 
 
@@ -217,6 +240,18 @@ def normalizer_figures(server: ServerProcess) -> dict[str, float]:
             if "{" not in name or name.endswith('le="+Inf"}'):
                 figures[name.split("{")[0]] = float(value)
     return figures
+
+
+def step_rounds(now: dict[str, float], before: dict[str, float]) -> dict[str, float]:
+    """The server's normalizing rounds between two readings of normalizer_figures: how many, the raw rows
+    they read, the traces in their scopes, their seconds."""
+    names = {
+        "rounds": "otel_rl_store_normalize_round_duration_seconds_count",
+        "round_rows": "otel_rl_store_normalized_rows_total",
+        "round_traces": "otel_rl_store_normalized_scope_traces_total",
+        "round_s": "otel_rl_store_normalize_round_duration_seconds_sum",
+    }
+    return {key: now.get(name, 0.0) - before.get(name, 0.0) for key, name in names.items()}
 
 
 def around(values: list[float], step: int) -> float:
@@ -240,7 +275,10 @@ def main() -> None:
         server = ServerProcess(Path(workdir) / "store.duckdb", Path(workdir)).start()
         client = ServerClient(server.http_url, server.token)
         traffic = Traffic(server)
+        assert server.process is not None
+        pid = server.process.pid
         try:
+            figures = normalizer_figures(server)
             half = args.turns // 2
             current = step_groups(rng, 1, args)
             traffic.turns(current, range(half), 0)
@@ -249,17 +287,22 @@ def main() -> None:
                 traffic.turns(upcoming, range(half), step - 1)  # the next step's groups start meanwhile
                 traffic.turns(current, range(half, args.turns), step - 1)
                 traffic.finish(current)
-                rows.append(timed_step(client, current, step - 1, warm_up=step == 1))
+                rows.append(
+                    timed_step(client, current, step - 1, partial(process_cpu, pid), warm_up=step == 1)
+                )
+                figures, before = normalizer_figures(server), figures
+                rows[-1] |= step_rounds(figures, before)
                 if step in MARKS or step % 25 == 0:
                     r = rows[-1]
                     print(
                         f"step {step:>4}: transform {r['transform']:.3f} s (wait {r['wait']:.3f}, read"
-                        f" {r['read']:.3f}, build"
-                        f" {r['build']:.3f}), status wait {r['status']:.3f} s, floor {r['floor']:.3f} s",
+                        f" {r['read']:.3f}, build {r['build']:.3f}; server CPU {r['cpu']:.2f} s), status wait"
+                        f" {r['status']:.3f} s, floor {r['floor']:.3f} s; rounds {r['rounds']:.0f}: rows"
+                        f" {r['round_rows']:.0f}, scope {r['round_traces']:.0f} traces, {r['round_s']:.3f} s",
                         flush=True,
                     )
                 current = upcoming
-            rounds = normalizer_figures(server)
+            rounds = figures
             health = httpx.get(f"{server.http_url}/healthz", headers=server.auth, timeout=30).json()
         except Exception:
             print(f"the server's log ends:\n{server.log()[-4000:]}", file=sys.stderr)
@@ -271,26 +314,46 @@ def main() -> None:
     print(f"normalized tables at the end: {health.get('normalized')}")
 
 
+# The per-step record's columns in the table: (key, header, width, decimals).
+COLUMNS = (
+    ("transform", "transform s", 12, 3),
+    ("wait", "wait s", 8, 3),
+    ("read", "read s", 8, 3),
+    ("build", "build s", 8, 3),
+    ("status", "status s", 9, 3),
+    ("floor", "floor s", 8, 3),
+    ("cpu", "server CPU s", 13, 2),
+    ("round_rows", "round rows", 11, 0),
+    ("round_traces", "scope traces", 13, 0),
+    ("round_s", "round s", 8, 3),
+)
+
+
+def slope_and_ratio(values: list[float]) -> tuple[float, float]:
+    """The least-squares slope per step, and the last mark's median over the first's."""
+    slope = np.polyfit(np.arange(1, len(values) + 1), values, 1)[0] if len(values) > 1 else 0.0
+    first = around(values, 1)
+    return float(slope), around(values, len(values)) / first if first else float("nan")
+
+
 def report(rows: list[dict[str, float]], rounds: dict[str, float], args: argparse.Namespace) -> None:
-    transform = [r["transform"] for r in rows]
-    floor = [r["floor"] for r in rows]
     print(
         f"\n{len(rows)} steps of {args.groups} groups x {args.group_size} rollouts x {args.turns} calls"
-        f" (median of the {2 * AROUND + 1} steps around each mark)"
+        f" (median of the {2 * AROUND + 1} steps around each mark; rounds: those since the step before)"
     )
-    headers = ("transform s", "wait s", "read s", "build s", "status s", "floor s")
-    print(f"{'step':>6} " + " ".join(f"{h:>{w}}" for h, w in zip(headers, (12, 8, 8, 8, 9, 8), strict=True)))
+    print(f"{'step':>6} " + " ".join(f"{header:>{width}}" for _, header, width, _ in COLUMNS))
     for mark in (m for m in MARKS if m <= len(rows)):
-        figures = [
-            around([r[k] for r in rows], mark) for k in ("transform", "wait", "read", "build", "status")
-        ]
-        columns = " ".join(
-            f"{value:>{width}.3f}" for value, width in zip(figures, (12, 8, 8, 8, 9), strict=True)
+        figures = (around([r[key] for r in rows], mark) for key, *_ in COLUMNS)
+        columns = (
+            f"{v:>{width}.{places}f}" for v, (_, _, width, places) in zip(figures, COLUMNS, strict=True)
         )
-        print(f"{mark:>6} {columns} {around(floor, mark):>8.3f}")
-    slope = np.polyfit(np.arange(1, len(rows) + 1), transform, 1)[0] if len(rows) > 1 else 0.0
-    first, last = around(transform, 1), around(transform, len(rows))
-    print(f"slope: {slope * 1000:+.2f} ms per step; last/first: {last / first:.2f}x (aim <= {AIM}x)")
+        print(f"{mark:>6} " + " ".join(columns))
+    for key, what in (("transform", "transform"), ("cpu", "server CPU in the transform")):
+        slope, ratio = slope_and_ratio([r[key] for r in rows])
+        print(f"{what}: slope {slope * 1000:+.2f} ms per step; last/first: {ratio:.2f}x (aim <= {AIM}x)")
+    print(
+        f"floor: {around([r['floor'] for r in rows], len(rows)):.3f} s (build_samples over in-memory frames)"
+    )
     count = rounds.get("otel_rl_store_normalize_round_duration_seconds_count", 0)
     total = rounds.get("otel_rl_store_normalize_round_duration_seconds_sum", 0)
     print(

@@ -13,8 +13,9 @@ transaction with the watermark. Late data is handled by construction: a parent s
 arriving after the rest re-normalizes its whole scope.
 
 Costs follow the delta, not the store: raw rows are found by commit (DuckDB skips row groups by their
-`commit_seq` min/max), through `normalized.keys` (one row per commit and trace, rollout or session named), and
-a scope's old rows are deleted from the commit they were last written at (`normalized_commit`) on.
+`commit_seq` min/max), through `normalized.keys` (one row per commit and trace, rollout or session named, read
+once per step of closing the scope: once a round when nothing links it further), and a scope's old rows are
+deleted from the commit they were last written at (`normalized_commit`) on.
 
 Raw rows moved to the archive (archive.py) are read from their files, found by their commit range. Names whose
 raw rows retention deleted are queued in `normalized.renormalize` (`forget`): the next round adds them to its
@@ -274,22 +275,30 @@ def _new_rows(name: str, owned: str, since: int) -> str:
 def _close_scope(con: duckdb.DuckDBPyConnection) -> None:
     """Fill the scope tables with the delta's names and those queued by retention, then add what stored rows
     name together with them until nothing is added: a rollout's traces, a trace's rollouts and sessions, a
-    session's traces and rollouts."""
+    session's traces and rollouts.
+
+    Each step reads `normalized.keys` once, which grows with the run (one row per commit and name): the rows
+    that name the scope so far go to the scratch table `scope_keys` (`stored`: of an earlier round, else of
+    the delta), where the step's new names are found. When a step adds none, `scope_keys` holds every keys row
+    of the scope, which the rest of the round reads instead of the store's."""
     names = ", ".join(SCOPE_COLUMNS)
     named = f"(SELECT {names} FROM delta_keys UNION ALL SELECT {names} FROM renormalizing)"
     for column, table in SCOPE_TABLES:
         con.execute(f"INSERT INTO {table} SELECT DISTINCT {column} FROM {named} WHERE {column} IS NOT NULL")
-    keys = f"(SELECT * FROM {STATE}.keys UNION ALL SELECT * FROM delta_keys)"
     linked = (
         "trace_id IN (FROM scope_traces) OR rollout_id IN (FROM scope_rollouts)"
         " OR session_id IN (FROM scope_sessions)"
     )
     for _ in range(MAX_CLOSURE_STEPS):
+        con.execute(
+            f"CREATE OR REPLACE TABLE scope_keys AS SELECT *, true AS stored FROM {STATE}.keys WHERE {linked}"
+            f" UNION ALL SELECT *, false FROM delta_keys WHERE {linked}"
+        )
         added = 0
         for column, table in SCOPE_TABLES:
             (n,) = con.execute(
-                f"INSERT INTO {table} SELECT DISTINCT {column} FROM {keys} WHERE {column} IS NOT NULL"
-                f" AND ({linked}) AND {column} NOT IN (FROM {table})"
+                f"INSERT INTO {table} SELECT DISTINCT {column} FROM scope_keys WHERE {column} IS NOT NULL"
+                f" AND {column} NOT IN (FROM {table})"
             ).fetchone()
             added += n
         if not added:
@@ -299,10 +308,7 @@ def _close_scope(con: duckdb.DuckDBPyConnection) -> None:
 
 def _old_commits(con: duckdb.DuckDBPyConnection, skipped: frozenset[int]) -> list[int]:
     """The stored commits (before the delta) holding rows of the scope."""
-    rows = con.execute(
-        f"SELECT DISTINCT commit_seq FROM {STATE}.keys WHERE trace_id IN (FROM scope_traces)"
-        " OR rollout_id IN (FROM scope_rollouts) OR session_id IN (FROM scope_sessions) ORDER BY 1"
-    ).fetchall()
+    rows = con.execute("SELECT DISTINCT commit_seq FROM scope_keys WHERE stored ORDER BY 1").fetchall()
     return [commit for (commit,) in rows if commit not in skipped]
 
 
@@ -327,8 +333,8 @@ def _oldest_written(con: duckdb.DuckDBPyConnection) -> int | None:
     (lower,) = con.execute(
         "SELECT min(newest) FROM ("
         + " UNION ALL ".join(
-            f"SELECT max(commit_seq) AS newest FROM {STATE}.keys"
-            f" WHERE {column} IN (FROM {table}) GROUP BY {column}"
+            f"SELECT max(commit_seq) AS newest FROM scope_keys"
+            f" WHERE stored AND {column} IN (FROM {table}) GROUP BY {column}"
             for column, table in SCOPE_TABLES
         )
         + ")"
