@@ -458,7 +458,7 @@ def test_the_docs_training_configs_are_valid_sections(built: list[dict[str, Any]
     service = one(built, "Service", "otel-rl")
     http_port = next(p["port"] for p in service["spec"]["ports"] if p["name"] == "http")
     configs = [block for block in docs_yaml_blocks() if "controller" in block]
-    assert len(configs) == 2  # the calculator and Codex
+    assert len(configs) == 3  # the calculator, Codex, and Codex sandboxed with a coding section
     for config in configs:
         for key, value in config.items():
             if key not in ("model", "output_dir"):  # paths made by `otel-rl demo`

@@ -15,6 +15,7 @@ diff, which is what is graded anyway.
 
 import asyncio
 import base64
+import contextlib
 import gzip
 import hashlib
 import io
@@ -38,6 +39,8 @@ from otel_rl.controller.coding import (
     sandbox_attributes,
     secrets_problem,
 )
+from otel_rl.controller.kubernetes import names
+from otel_rl.controller.kubernetes.api import KubernetesApi
 from otel_rl.controller.rollouts import Rollout, RolloutStatus
 
 SNAPSHOT_KEY = "workspace.tar.gz"
@@ -45,7 +48,8 @@ MOUNT = "/var/run/otel-rl/attempt"  # the Secret's snapshot, read-only
 REPORT = "/dev/termination-log"  # the container's terminationMessagePath: pod.py's report
 MAX_SNAPSHOT_BYTES = 700 << 10  # a Secret holds 1 MiB, with the rollout key beside it
 REPORT_GRACE_S = 60.0  # the Job's deadline past the sandbox's wall clock: unpacking, the diff, the report
-LogTail = Callable[[int], Awaitable[str]]  # the harness container's last n log lines
+JOB_NAME_LABEL = "batch.kubernetes.io/job-name"  # set by the Job controller on its pods
+MAX_DIFF_LOG_BYTES = 24 << 20  # the diff's lines at the log's end (pod.py: at most 16 MiB of base64)
 
 
 class SnapshotTooLarge(ValueError):
@@ -162,13 +166,19 @@ class KubernetesCoding:
         rollout: Rollout,
         status: RolloutStatus,
         exit_code: int | None,
-        pods: Sequence[Mapping[str, Any]],
-        tail: LogTail,
+        api: KubernetesApi,
+        pods: list[dict[str, Any]],
         span_attributes: dict[str, Any],
     ) -> RolloutStatus:
         """The attempt's final status, after grading its diff when its episode ended; what the grader found
-        goes into span_attributes (as CodingAttempt.finish does locally)."""
+        goes into span_attributes (as CodingAttempt.finish does locally). `pods` are the watch's; when they
+        hold no report yet (the Job's event came first), the API is asked."""
         report = _report(pods)
+        job = (pods[0]["metadata"].get("labels") or {}).get(JOB_NAME_LABEL) if pods else None
+        if report is None and job and status is not RolloutStatus.INFRA_ERROR:
+            with contextlib.suppress(Exception):  # the API unreachable: the watch's copies are all there is
+                pods = (await api.list_pods(names.selector({JOB_NAME_LABEL: job})))[0] or pods
+            report = _report(pods)
         not_graded = {attr.GRADE_OUTCOME: "not_graded"}
         if report is not None and not report.get("started"):
             error = "the sandbox did not start (bwrap's error is in the log)"
@@ -185,8 +195,8 @@ class KubernetesCoding:
             return status
         task = self.launcher.task_of(rollout)
         try:
-            patch = await _diff(report, tail)
-        except (ValueError, OSError) as error:  # no report, or a diff that did not come back whole
+            patch = await _diff(report, lambda lines: api.pod_log(pods, MAX_DIFF_LOG_BYTES, tail_lines=lines))
+        except Exception as error:  # no report, an unreadable log, a diff that did not come back whole
             result = _infrastructure(task, f"the pod's diff: {error}")
         else:
             result = await asyncio.to_thread(self._grade, task, patch)
@@ -241,7 +251,7 @@ def _report(pods: Sequence[Mapping[str, Any]]) -> dict[str, Any] | None:
     return None
 
 
-async def _diff(report: dict[str, Any] | None, tail: LogTail) -> str:
+async def _diff(report: dict[str, Any] | None, tail: Callable[[int], Awaitable[str]]) -> str:
     if report is None:
         raise ValueError("the pod left no report (its termination message)")
     if report.get("diff_error"):

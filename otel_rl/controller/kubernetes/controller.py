@@ -12,7 +12,7 @@ import asyncio
 import contextlib
 import json
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
@@ -42,7 +42,6 @@ from otel_rl.controller.rollouts import RETRIED, AttemptResult, Rollout, Rollout
 
 CHECK_S = 5.0  # how often a waiting attempt re-reads its state without an event (pending timeouts)
 MAX_LOG_BYTES = 1 << 20  # of a pod's log copied to log_dir
-MAX_DIFF_LOG_BYTES = 24 << 20  # the diff's lines at the log's end (pod.py: at most 16 MiB of base64)
 FLUSH_MS = 30_000  # the longest an attempt waits for its span's export
 ABANDON_S = 10.0  # how long a cancelled attempt waits for its Job's deletion
 
@@ -258,9 +257,7 @@ class KubernetesController:
         status, attributes = end.status, {}
         if coding is not None and end.reason != "Job deleted":
             attributes = coding.attributes(rollout)
-            status = await coding.finish(
-                rollout, status, end.exit_code, view.pods_of(name), self._log_tail(name), attributes
-            )
+            status = await coding.finish(rollout, status, end.exit_code, api, view.pods_of(name), attributes)
         duration_s = max(0.0, (time.time_ns() - attempt.started_ns) / 1e9)
         record = _Record(status, end.exit_code, duration_s, end.reason, attributes)
         await self._copy_log(name, attempt, record)
@@ -315,12 +312,6 @@ class KubernetesController:
         with contextlib.suppress(Exception):
             text = await self._api_or_fail().pod_log(self._view.pods_of(name), MAX_LOG_BYTES) + text
         await asyncio.to_thread(path.write_text, text)
-
-    def _log_tail(self, name: str) -> Callable[[int], Awaitable[str]]:
-        """The last lines of the attempt's harness container's log (coding.py reads the diff from them)."""
-        api, view = self._api_or_fail(), self._view
-        assert view is not None
-        return lambda lines: api.pod_log(view.pods_of(name), MAX_DIFF_LOG_BYTES, tail_lines=lines)
 
     def _log_path(self, attempt: Attempt) -> Path:
         return self.settings.log_dir / f"{attempt.rollout_id}-{attempt.attempt_id}.log"

@@ -118,7 +118,10 @@ def run(args: argparse.Namespace) -> int:
     args.report.write_text(json.dumps(report))
     if not report["started"]:
         return NOT_STARTED
-    return TIMED_OUT if report["timed_out"] else int(report["exit_code"] or 0) & 0xFF
+    if report["timed_out"]:
+        return TIMED_OUT
+    code = int(report["exit_code"] or 0)
+    return code if code >= 0 else 128 - code  # killed by signal N: 128 + N, as a shell says it
 
 
 def print_diff(patch: bytes) -> dict[str, object]:
