@@ -24,6 +24,7 @@ from opentelemetry.sdk._logs.export import SimpleLogRecordProcessor
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from otel_rl_server import ServerProcess
+from pydantic import ValidationError
 from rich.console import Console
 from typer.testing import CliRunner
 
@@ -32,6 +33,7 @@ from otel_rl.cli import app
 from otel_rl.train.config import ConfigError, config_from_dict
 from otel_rl.train.online import run_online
 from otel_rl.train.server_client import OnlineTrainingError
+from otel_rl.transforms.rewards import RewardSpec
 
 ROOT = Path(__file__).resolve().parent.parent
 AGENT = [sys.executable, str(ROOT / "examples" / "calc_agent.py")]
@@ -153,6 +155,18 @@ def test_a_training_config_trusts_any_source_and_needs_at_least_one():
     assert config.reward.spec().trusted_sources == ("any",)
     with pytest.raises(ConfigError, match="reward.trusted_sources"):
         config_from_dict({"model": "m", "reward": {"trusted_sources": []}})
+
+
+def test_an_unknown_reward_rule_is_refused_naming_the_option_and_the_rules():
+    result = CliRunner().invoke(
+        app, ["export", "samples", "--where", "true", "--reward-rule", "median"], env=WIDE
+    )
+    assert result.exit_code == 2 and "--reward-rule" in result.output
+    assert "'median' is not one of 'last', 'mean', 'max', 'sum'" in " ".join(
+        result.output.replace("│", " ").split()
+    )
+    with pytest.raises(ValidationError, match="rule"):
+        RewardSpec(rule="median")
 
 
 # --- the online loop, on the tiny model behind the real gateway ----------------------------------------

@@ -9,7 +9,7 @@ from typing import Annotated, Any, NoReturn
 import typer
 
 from otel_rl.transforms.advantages import ESTIMATORS
-from otel_rl.transforms.rewards import DEFAULT_TRUSTED_SOURCES
+from otel_rl.transforms.rewards import DEFAULT_TRUSTED_SOURCES, AggregationRule, RewardSpec
 
 export_app = typer.Typer(help="Export training data from stored traces.", no_args_is_help=True)
 
@@ -29,7 +29,7 @@ Tokenizer = Annotated[
 ]
 RewardName = Annotated[str, typer.Option(help="gen_ai.evaluation.name of the outcome reward")]
 RewardRule = Annotated[
-    str, typer.Option(help="How several rewards of a rollout combine: last | mean | max | sum")
+    AggregationRule, typer.Option(help="How several rewards of a rollout combine: last | mean | max | sum")
 ]
 Trusted = Annotated[
     list[str] | None,
@@ -50,13 +50,10 @@ SkipErrorCalls = Annotated[
 ]
 
 
-def _reward(name: str, rule: str, trusted_sources: list[str] | None, missing: float | None) -> Any:
-    from otel_rl.transforms.rewards import RewardSpec
-
-    try:
-        return RewardSpec(name, rule, tuple(trusted_sources or DEFAULT_TRUSTED_SOURCES), missing)  # type: ignore[arg-type]
-    except ValueError as exc:
-        raise typer.BadParameter(str(exc), param_hint="--reward-rule") from None
+def _reward(
+    name: str, rule: AggregationRule, trusted_sources: list[str] | None, missing: float | None
+) -> RewardSpec:
+    return RewardSpec(name, rule, tuple(trusted_sources or DEFAULT_TRUSTED_SOURCES), missing)
 
 
 def _build(

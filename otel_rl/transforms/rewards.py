@@ -5,10 +5,10 @@ from __future__ import annotations
 import json
 import shlex
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from typing import Literal
 
 import polars as pl
+from pydantic.dataclasses import dataclass
 
 from otel_rl.attributes import REWARD_SOURCE_GRADER
 
@@ -39,10 +39,6 @@ class RewardSpec:
     rule: AggregationRule = "last"
     trusted_sources: tuple[str, ...] = DEFAULT_TRUSTED_SOURCES
     missing: float | None = None  # the reward of a rollout that has none; None drops the rollout
-
-    def __post_init__(self) -> None:
-        if self.rule not in ("last", "mean", "max", "sum"):
-            raise ValueError(f"unknown reward aggregation rule {self.rule!r}: use last, mean, max or sum")
 
 
 def _aggregate(rule: AggregationRule) -> pl.Expr:
