@@ -86,6 +86,15 @@ def place_replicas(
             {"CUDA_VISIBLE_DEVICES": ",".join(machine.gpu_ids[r * ranks : (r + 1) * ranks])}
             for r in range(replicas)
         ]
+    # Each replica's ranks get cores of their own: vLLM's automatic binding would put every replica on the
+    # same core (it does not know of the others). One replica keeps vLLM's binding, which also keeps a core
+    # for its scheduler. Cores are checked first: they do not change while the machine runs.
+    share = len(machine.cores) // replicas
+    if replicas > 1 and share < ranks:
+        raise ValueError(
+            f"{what} needs {replicas * ranks} CPU cores (one for each rank of each replica); "
+            f"this machine has {machine.describe()}"
+        )
     per_replica = ranks * CPU_RUNTIME_BYTES + kv_cache_bytes + weight_bytes
     if replicas * per_replica > machine.memory_available:
         raise ValueError(
@@ -94,15 +103,7 @@ def place_replicas(
             f" weights {weight_bytes / GIB:.1f}); this machine has {machine.describe()}"
         )
     if replicas == 1:
-        return [{}]  # vLLM binds its worker itself, keeping a core for its scheduler (as before replicas)
-    # Each replica's ranks get cores of their own: vLLM's automatic binding would put every replica on the
-    # same core (it does not know of the others).
-    share = len(machine.cores) // replicas
-    if share < ranks:
-        raise ValueError(
-            f"{what} needs {replicas * ranks} CPU cores (one for each rank of each replica); "
-            f"this machine has {machine.describe()}"
-        )
+        return [{}]
     binds = []
     for r in range(replicas):
         cores = machine.cores[r * share : (r + 1) * share]
