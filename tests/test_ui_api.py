@@ -30,6 +30,9 @@ def packed(values: list[int] | list[float], dtype: str) -> bytes:
     return np.asarray(values, dtype=dtype).tobytes()
 
 
+CALL_NS, CALL_EVERY_NS = 2_000_000, 3_000_000  # each call of a rollout lasts 2 ms, one starts every 3 ms
+
+
 def emit_rollout(  # noqa: ANN001
     server, *, rollout_id: str, group_id: str, reward: float, service_name: str = "ui-test-agent"
 ) -> None:
@@ -46,10 +49,13 @@ def emit_rollout(  # noqa: ANN001
     }
     root = provider.get_tracer(attr.SDK_SCOPE).start_span(attr.SDK_ROLLOUT_SPAN_NAME, attributes=identity)
     gateway = provider.get_tracer(attr.GATEWAY_SCOPE)
-    for prompt, answer in ((PROMPT, ANSWER_1), (PROMPT + ANSWER_1 + TOOL_RESULT, ANSWER_2)):
+    started_ns = time.time_ns()
+    calls = ((PROMPT, ANSWER_1), (PROMPT + ANSWER_1 + TOOL_RESULT, ANSWER_2))
+    for number, (prompt, answer) in enumerate(calls):
         call = gateway.start_span(
             "chat tiny",
             context=set_span_in_context(root),
+            start_time=started_ns + number * CALL_EVERY_NS,
             attributes=identity
             | {
                 "gen_ai.operation.name": "chat",
@@ -63,8 +69,7 @@ def emit_rollout(  # noqa: ANN001
                 attr.CHOICE_LOGPROBS.format(i=0): packed([-0.5] * len(answer), "<f4"),
             },
         )
-        time.sleep(0.002)
-        call.end()
+        call.end(end_time=started_ns + number * CALL_EVERY_NS + CALL_NS)
     root.add_event(
         attr.EVALUATION_EVENT,
         {
@@ -193,7 +198,9 @@ def test_a_rollout_shows_its_calls_messages_usage_and_reward(otel_rl_server, gro
     assert body["rollout"]["status"] == "ok" and body["rollout"]["outcome_reward"] == 1.0
     calls = body["calls"]
     assert [c["input_tokens"] for c in calls] == [4, 9] and [c["output_tokens"] for c in calls] == [3, 2]
-    assert all(c["policy_version"] == 1 and c["started_ms"] <= c["ended_ms"] for c in calls)
+    assert all(c["policy_version"] == 1 for c in calls)
+    assert [c["ended_ms"] - c["started_ms"] for c in calls] == [CALL_NS / 1e6] * 2
+    assert calls[1]["started_ms"] - calls[0]["started_ms"] == CALL_EVERY_NS / 1e6
     assert [(r["level"], r["value"], r["source"]) for r in body["rewards"]] == [("outcome", 1.0, "grader")]
 
 
