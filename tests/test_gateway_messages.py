@@ -455,10 +455,14 @@ def test_vllm_reload_in_the_middle_of_streams_fails_no_request(
 ):
     new_weights = init_model(tmp_path / "seed1", seed=1)
 
-    async def keep_streaming(prefix: str, stop: asyncio.Event) -> list:
+    async def keep_streaming(
+        prefix: str, stop: asyncio.Event, reloaded: asyncio.Event, after: asyncio.Event
+    ) -> list:
+        """Turn after turn until `stop`; sets `after` once a turn begun after `reloaded` has ended."""
         finals = []
         async with anthropic.AsyncAnthropic(base_url=gateway.base_url, api_key=ADMIN_TOKEN) as client:
             while not stop.is_set():
+                begun_after_reload = reloaded.is_set()
                 headers = {"x-otel-rl-rollout-id": f"{prefix}-{uuid.uuid4().hex[:8]}"}
                 # anthropic 2.x dropped temperature from its signatures (Claude's newest models refuse it)
                 # long turns (ignore_eos), so that a stream is nearly always generating when the reload pauses
@@ -466,11 +470,13 @@ def test_vllm_reload_in_the_middle_of_streams_fails_no_request(
                 extra = {"extra_headers": headers, "extra_body": {"temperature": 0, "ignore_eos": True}}
                 async with client.messages.stream(**asked, **extra) as stream:
                     finals.append(await stream.get_final_message())
+                if begun_after_reload:
+                    after.set()
         return finals
 
     async def scenario(prefix: str, version: int) -> tuple[list, httpx.Response]:
-        stop = asyncio.Event()
-        streams = asyncio.gather(*(keep_streaming(prefix, stop) for _ in range(3)))
+        stop, reload_done, after_reload = asyncio.Event(), asyncio.Event(), asyncio.Event()
+        streams = asyncio.gather(*(keep_streaming(prefix, stop, reload_done, after_reload) for _ in range(3)))
         deadline = time.monotonic() + 60
         while gateway.gateway.coordinator.in_flight < 2 and not streams.done():  # streams are generating
             assert time.monotonic() < deadline, "the streams never got going"
@@ -478,7 +484,13 @@ def test_vllm_reload_in_the_middle_of_streams_fails_no_request(
         if streams.done():
             await streams  # a stream failed before the reload: say how
         reloaded = await asyncio.to_thread(set_policy, gateway, version, checkpoint=new_weights)
-        await asyncio.sleep(1.0)  # streams after the reload, under the new version
+        reload_done.set()
+        # a turn under the new version: one begun after the reload and ended
+        ended_after = asyncio.ensure_future(after_reload.wait())
+        await asyncio.wait({ended_after, streams}, timeout=120, return_when=asyncio.FIRST_COMPLETED)
+        if streams.done():
+            await streams  # a stream failed: say how
+        assert ended_after.done(), "no turn begun after the reload ended within 120 s"
         stop.set()
         return [final for finals in await streams for final in finals], reloaded
 
