@@ -92,3 +92,10 @@ TRAIN_STEP_SPAN_NAME = "otel_rl.train.step"
 TRAIN_EVAL_SPAN_NAME = "otel_rl.train.eval"
 TRAIN_RUN_ID = "otel_rl.train.run_id"
 TRAIN_PREFIX = "otel_rl.train."
+# The reward an online run trains on (its `reward` settings: RewardSpec's name, trusted sources and rule), on
+# its otel_rl.train.run span (sent at its start) and on every record: the rollouts view shows the run's
+# rollouts' reward by it (transforms/45_reward_specs.sql), only from a sender the server vouches for.
+TRAIN_RUN_SPAN_NAME = "otel_rl.train.run"
+TRAIN_REWARD_NAME = "otel_rl.train.reward.name"
+TRAIN_REWARD_RULE = "otel_rl.train.reward.rule"
+TRAIN_REWARD_TRUSTED_SOURCES = "otel_rl.train.reward.trusted_sources"

@@ -184,10 +184,36 @@ CREATE OR REPLACE MACRO messages_of(j) AS from_json(j, '[{
 -- are no one's word either.
 CREATE OR REPLACE MACRO vouched(sender) AS coalesce(sender IN ('server', 'admin'), false);
 
--- The reward sources trusted by default, as training trusts them (otel_rl/transforms/rewards.py
--- DEFAULT_TRUSTED_SOURCES): what `rollouts.outcome_reward` shows.
-CREATE OR REPLACE MACRO trusted_reward_source(source) AS coalesce(source IN ('grader'), false);
-
--- The name of the reward training uses by default (RewardSpec.name, a training config's `reward.name`):
--- what `rollouts.outcome_reward` shows; every other name is in `rollouts.outcome_rewards_by_name`.
+-- The reward training uses by default (otel_rl/transforms/rewards.py RewardSpec(), a training config without
+-- a `reward` section): its name, rule and trusted sources. `rollouts.outcome_reward` follows it for a rollout
+-- whose training run reported no reward of its own (reward_specs, 45_reward_specs.sql).
 CREATE OR REPLACE MACRO outcome_reward_name() AS 'outcome';
+CREATE OR REPLACE MACRO default_reward_spec() AS
+    {'name': outcome_reward_name(), 'rule': 'last', 'trusted_sources': ['grader']};
+
+-- Whether a reward spec's trusted sources trust `source`, as training's trusted() does
+-- (otel_rl/transforms/rewards.py): `any` trusts every source, a reward sent without one too.
+CREATE OR REPLACE MACRO reward_source_trusted(sources, source) AS
+    list_contains(sources, 'any') OR coalesce(list_contains(sources, source), false);
+
+-- Whether a source's figures (rollout_rows.outcome_reward_stats) count under a reward spec: a trusted source
+-- with a numeric value ('(none)' is a record sent without a source).
+CREATE OR REPLACE MACRO trusted_figures(s, spec) AS
+    s.n > 0 AND reward_source_trusted(spec.trusted_sources, nullif(s.source, '(none)'));
+
+-- The reward sources trusted by default (DEFAULT_TRUSTED_SOURCES).
+CREATE OR REPLACE MACRO trusted_reward_source(source) AS
+    reward_source_trusted(default_reward_spec().trusted_sources, source);
+
+-- A name's trusted reward under a reward spec (rollouts.outcome_reward), from rollout_rows' per-source figures
+-- of the name: the sources the spec trusts, combined by its rule as training combines their records
+-- (otel_rl/transforms/rewards.py outcome_rewards(), tied to this by tests/test_rewards_by_name.py): `last`
+-- the latest by the server's receive order, `mean`, `max`, `sum` over every value; NULL when none is trusted.
+CREATE OR REPLACE MACRO trusted_reward(sources, spec) AS
+    CASE spec.rule
+        WHEN 'mean' THEN list_sum([s.total FOR s IN sources IF trusted_figures(s, spec)])
+                         / list_sum([s.n FOR s IN sources IF trusted_figures(s, spec)])
+        WHEN 'max' THEN list_max([s.top FOR s IN sources IF trusted_figures(s, spec)])
+        WHEN 'sum' THEN list_sum([s.total FOR s IN sources IF trusted_figures(s, spec)])
+        ELSE list_max([{'received': s.last_received, 'value': s.last}
+                       FOR s IN sources IF trusted_figures(s, spec)]).value END;

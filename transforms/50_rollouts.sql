@@ -1,6 +1,9 @@
 -- rollouts: one row per rollout id, from every span that carries (or inherits) the rollout identity.
+-- rollout_rows is what the store keeps (a table maintained as data arrives: each row depends only on its
+-- rollout's own records); rollouts reads it with the reward each rollout's training run trains on
+-- (reward_specs, reported by a trainer whose spans name no rollout), when queried.
 
-CREATE OR REPLACE VIEW rollouts AS
+CREATE OR REPLACE VIEW rollout_rows AS
 WITH rollout_spans AS (
     -- read several times below, so kept (materialized) with only the columns read: not content or events
     SELECT
@@ -75,39 +78,40 @@ calls AS (
 -- The rewards view's outcome rows, under every name, placed there (40_rewards.sql). The latest by the
 -- server's receive order, never by the sender's clock.
 outcome_records AS MATERIALIZED (
-    SELECT rollout_id, coalesce(name, '(none)') AS name, source, coalesce(source, '(none)') AS shown_source,
+    SELECT rollout_id, coalesce(name, '(none)') AS name, coalesce(source, '(none)') AS source,
            value, vouched,
            {'received_at': received_at, 'seq': coalesce(seq, 0)} AS received
     FROM rewards
     WHERE level = 'outcome' AND rollout_id IS NOT NULL
 ),
--- One rule for every name: its trusted reward is training's default (the rule `last` over the trusted
--- sources, otel_rl/transforms/rewards.py); `reward.name: N` trains on name N's. Beside it the latest value
--- of every source, the untrusted ones (a harness's self-report) included; a record sent without a source
--- is under '(none)', as the reports name it.
-named_outcomes AS (
+-- Per name and source (a record sent without one under '(none)', as the reports name it): its latest record
+-- (`value`, `vouched`: what the rollout page shows), and what any aggregation rule needs of its numeric
+-- values (the latest and when it came, count, sum, max), so that rollouts combines the trusted sources'
+-- by the rule of the run's reward when queried (trusted_reward()).
+source_outcomes AS (
     SELECT
         rollout_id,
         name,
-        arg_max(value, received) FILTER (WHERE trusted_reward_source(source) AND value IS NOT NULL) AS trusted,
-        list({'source': shown_source, 'value': value, 'vouched': vouched} ORDER BY shown_source)
-            FILTER (WHERE last) AS sources
-    FROM (SELECT *, row_number() OVER (PARTITION BY rollout_id, name, shown_source
-                                       ORDER BY received DESC) = 1 AS last
-          FROM outcome_records)
-    GROUP BY rollout_id, name
+        source,
+        arg_max({'value': value, 'vouched': vouched}, received) AS latest,
+        arg_max(value, received) FILTER (WHERE value IS NOT NULL) AS last,
+        max(received) FILTER (WHERE value IS NOT NULL) AS last_received,
+        count(value) AS n,
+        sum(value) AS total,
+        max(value) AS top
+    FROM outcome_records
+    GROUP BY rollout_id, name, source
 ),
--- The reward named `outcome` (outcome_reward_name(): training's default name) and its sources as a map
--- source -> value (`outcome_rewards_by_source['harness']`), then every name's (`outcome_rewards_by_name`)
 outcomes AS (
-    SELECT
-        rollout_id,
-        any_value(trusted) FILTER (WHERE name = outcome_reward_name()) AS outcome_reward,
-        any_value(map_from_entries([{'k': e.source, 'v': e.value} FOR e IN sources]))
-            FILTER (WHERE name = outcome_reward_name()) AS outcome_rewards_by_source,
-        map_from_entries(list({'k': name, 'v': {'trusted': trusted, 'sources': sources}} ORDER BY name))
-            AS outcome_rewards_by_name
-    FROM named_outcomes
+    SELECT rollout_id, list({'name': name, 'sources': sources} ORDER BY name) AS outcome_reward_stats
+    FROM (
+        SELECT rollout_id, name,
+               list({'source': source, 'value': latest.value, 'vouched': latest.vouched, 'last': last,
+                     'last_received': last_received, 'n': n, 'total': total, 'top': top} ORDER BY source)
+                   AS sources
+        FROM source_outcomes
+        GROUP BY rollout_id, name
+    )
     GROUP BY rollout_id
 )
 
@@ -131,15 +135,48 @@ SELECT
     (greatest(s.end_time_unix_nano, s.start_time_unix_nano) - s.start_time_unix_nano) / 1e6 AS duration_ms,
     coalesce(c.n_calls, 0) AS n_calls,
     coalesce(c.n_error_calls, 0) AS n_error_calls,
-    o.outcome_reward,
     s.service_name,
     s.trace_ids,
     c.policy_version_min,
     c.policy_version_max,
-    o.outcome_rewards_by_source,
-    o.outcome_rewards_by_name
+    -- every outcome reward by name and source (rollouts reads it): [{name, sources: [{source, value,
+    -- vouched, last, last_received, n, total, top}]}]
+    o.outcome_reward_stats
 FROM summary s
 LEFT JOIN controller_attempts ca USING (rollout_id)
 LEFT JOIN sdk_spans sdk USING (rollout_id)
 LEFT JOIN calls c USING (rollout_id)
 LEFT JOIN outcomes o USING (rollout_id);
+
+
+-- The reward each rollout's training run trains on (reward_specs): the run's id prefixes every group id of
+-- the run (a step's, an evaluation's, a probe's: `<run_id>-...`; the longest such id when several do); a
+-- rollout of no reporting run follows training's default (default_reward_spec(): `outcome`, trusted from
+-- `grader`, rule `last`).
+CREATE OR REPLACE VIEW rollouts AS
+WITH group_specs AS (
+    SELECT g.group_id, arg_max(struct_insert(r.spec, run_id := r.run_id), length(r.run_id)) AS spec
+    FROM (SELECT DISTINCT group_id FROM rollout_rows WHERE group_id IS NOT NULL) g
+    JOIN reward_specs r ON starts_with(g.group_id, r.run_id || '-')
+    GROUP BY g.group_id
+),
+specified AS (
+    SELECT r.*, coalesce(g.spec, struct_insert(default_reward_spec(), run_id := NULL::VARCHAR)) AS spec
+    FROM rollout_rows r
+    LEFT JOIN group_specs g USING (group_id)
+)
+SELECT
+    rollout_id, attempt_id, group_id, task_id, split, status, exit_code, started_at, ended_at, duration_ms,
+    n_calls, n_error_calls,
+    [trusted_reward(e.sources, spec) FOR e IN outcome_reward_stats IF e.name = spec.name][1] AS outcome_reward,
+    service_name, trace_ids, policy_version_min, policy_version_max,
+    [map_from_entries([{'k': s.source, 'v': s.value} FOR s IN e.sources])
+     FOR e IN outcome_reward_stats IF e.name = spec.name][1] AS outcome_rewards_by_source,
+    map_from_entries([
+        {'k': e.name,
+         'v': {'trusted': trusted_reward(e.sources, spec),
+               'sources': [{'source': s.source, 'value': s.value, 'vouched': s.vouched} FOR s IN e.sources]}}
+        FOR e IN outcome_reward_stats]) AS outcome_rewards_by_name,
+    -- the reward outcome_reward is: {name, rule, trusted_sources, run_id}; run_id NULL: training's default
+    spec AS outcome_reward_spec
+FROM specified;

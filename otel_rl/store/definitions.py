@@ -24,7 +24,7 @@ NORMALIZED: dict[str, str] = {
     "tool_calls": f"{IN_TRACES} OR tool_trace_id IN (FROM scope_traces)",
     "agent_steps": IN_TRACES,
     "rewards": f"{IN_TRACES} OR rollout_id IN (FROM scope_rollouts)",
-    "rollouts": "rollout_id IN (FROM scope_rollouts)",
+    "rollout_rows": "rollout_id IN (FROM scope_rollouts)",  # read by the rollouts view, with reward_specs
     "harness_sessions": "session_id IN (FROM scope_sessions)",
 }
 # Views several normalized views read: in the scratch database of a round they are tables too, computed once

@@ -71,8 +71,9 @@ class OnlineLoop:
             await asyncio.to_thread(trainer.load_state, self.checkpoint)
         await asyncio.to_thread(publish_start, self.client, self.checkpoint, self.state)
         async with AsyncExitStack() as stack:  # closed in reverse: groups stopped first, the recorder last
-            recorder = RunRecorder(self.client.url, self.client.token, self.run_id)
+            recorder = RunRecorder(self.client.url, self.client.token, self.run_id, self.config.reward.spec())
             stack.callback(recorder.close)
+            await asyncio.to_thread(recorder.start)
             evaluator = None
             if self.val_tasks:
                 evaluator = Evaluator(self.config, self.client, self.val_tasks, self.run_id, recorder)

@@ -4,7 +4,7 @@ spans, which the web view's training page and the server's metrics read."""
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 from opentelemetry.sdk.resources import Resource
@@ -12,6 +12,9 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor
 
 from otel_rl import attributes as attr
+
+if TYPE_CHECKING:
+    from otel_rl.transforms.rewards import RewardSpec
 
 
 @dataclass
@@ -80,14 +83,23 @@ class OnlineResult:
 class RunRecorder:
     """Writes step and evaluation records to the store as spans (scope otel_rl.train), over OTLP."""
 
-    def __init__(self, server_url: str, token: str, run_id: str) -> None:
+    def __init__(self, server_url: str, token: str, run_id: str, reward: RewardSpec | None = None) -> None:
         self.run_id = run_id
+        # on every span: whichever of them the server keeps last, the run's rollouts show this reward
+        self._reward = reward_attributes(reward) if reward else {}
         self._provider = TracerProvider(resource=Resource.create({"service.name": "otel-rl-train"}))
         exporter = OTLPSpanExporter(
             endpoint=f"{server_url.rstrip('/')}/v1/traces", headers={"authorization": f"Bearer {token}"}
         )
         self._provider.add_span_processor(BatchSpanProcessor(exporter, schedule_delay_millis=200))
         self._tracer = self._provider.get_tracer(attr.TRAIN_SCOPE)
+
+    def start(self) -> None:
+        """Tell the server the run has started, and which reward it trains on (an `otel_rl.train.run` span):
+        the rollouts view shows the run's rollouts' reward by it before the first step is recorded."""
+        attributes = {attr.TRAIN_RUN_ID: self.run_id, **self._reward}
+        self._tracer.start_span(attr.TRAIN_RUN_SPAN_NAME, attributes=attributes).end()
+        self._provider.force_flush()
 
     def record(
         self,
@@ -109,12 +121,22 @@ class RunRecorder:
             f"{attr.TRAIN_PREFIX}{key}": value for key, value in values.items() if key != "policy_version"
         }
         attributes |= {f"{attr.TRAIN_PREFIX}trainer.{key}": value for key, value in trainer.items()}
+        attributes |= self._reward
         self._tracer.start_span(name, attributes=attributes, start_time=started_ns).end()
         if flush:
             self._provider.force_flush()
 
     def close(self) -> None:
         self._provider.shutdown()
+
+
+def reward_attributes(spec: RewardSpec) -> dict[str, Any]:
+    """A run's reward as its records carry it (transforms/45_reward_specs.sql reads them back)."""
+    return {
+        attr.TRAIN_REWARD_NAME: spec.name,
+        attr.TRAIN_REWARD_RULE: spec.rule,
+        attr.TRAIN_REWARD_TRUSTED_SOURCES: list(spec.trusted_sources),
+    }
 
 
 def format_step(record: StepRecord) -> str:

@@ -101,12 +101,22 @@ function byName(rewards) {
   return rows.length ? el("div", { id: "rewards-by-name" }, table(["name", "trusted", "source", "value", "vouched"], rows)) : null;
 }
 
+// Which reward `reward` is: the one the rollout's training run trains on (its `reward` settings, as the
+// trainer reported them), else training's default.
+function rewardSpec(spec) {
+  if (!spec) return null;
+  const run = spec.run_id ? `run ${spec.run_id}` : "training's default";
+  return `${spec.name} from ${spec.trusted_sources.join(", ")}, rule ${spec.rule} (${run})`;
+}
+
 export async function rolloutPage(main, id) {
   const data = await getJSON(`/ui/api/rollouts/${encodeURIComponent(id)}`);
   const r = data.rollout;
   const facts = [
-    // the trusted reward (a grader's), then every source's latest: a harness's self-report shows beside it
-    ["status", r.status], ["reward", r.outcome_reward], ["reward by source", bySource(r.outcome_rewards_by_source)],
+    // the trusted reward training uses (a grader's by default), which one that is, then every source's latest:
+    // a harness's self-report shows beside it
+    ["status", r.status], ["reward", r.outcome_reward], ["reward spec", rewardSpec(r.outcome_reward_spec)],
+    ["reward by source", bySource(r.outcome_rewards_by_source)],
     ["rewards by name", byName(r.outcome_rewards_by_name)],
     ["split", r.split], ["group", r.group_id], ["task", r.task_id],
     ["harness", r.service_name], ["attempt", r.attempt_id], ["exit code", r.exit_code], ["started", time(r.started_ms)],
