@@ -187,6 +187,10 @@ class KubeApiStandIn:
         for watch in self._watches:
             watch.queue.put_nowait(None)
 
+    def open_watches(self) -> int:
+        """How many watch streams are open now."""
+        return len(self._watches)
+
     def compact(self) -> None:
         """Forget the event history: a watch from an older resourceVersion now gets 410 Gone."""
         self.oldest = self.version

@@ -205,7 +205,10 @@ def test_dropped_watches_and_410_gone_relist(otel_rl_server, tmp_path):
     rollouts = [rollout("slow") for _ in range(3)]
 
     async def disturb(controller):
-        await asyncio.sleep(0.5)
+        deadline = time.monotonic() + 30
+        while not stand.call(stand.open_watches) or len(stand.call(stand.of_kind, "Job")) < len(rollouts):
+            assert time.monotonic() < deadline, "the controller never watched its jobs"
+            await asyncio.sleep(0.05)
         stand.call(stand.compact)  # the versions the watches hold are now too old: 410 on reconnect
         stand.call(stand.drop_watches)
 
