@@ -8,6 +8,7 @@ import json
 import socket
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -112,24 +113,30 @@ def teacher_forced(model, prompt_ids: list[int], completion_ids: list[int]) -> t
 
 
 async def keep_calling(
-    gateway: GatewayServer, prompt: str, stop: asyncio.Event, *, rollout_prefix: str, max_tokens: int
-) -> list:
-    """Greedy calls with token ids and logprobs, each in a rollout of its own, until `stop` is set."""
-    responses = []
+    gateway: GatewayServer,
+    prompt: str,
+    stop: asyncio.Event,
+    answered: list[tuple[bool, Any]],
+    reloaded: asyncio.Event,
+    *,
+    rollout_prefix: str,
+    max_tokens: int,
+) -> None:
+    """Greedy calls with token ids and logprobs, each in a rollout of its own, until `stop` is set; each
+    response into `answered`, with whether its call began after `reloaded` was set."""
     async with openai.AsyncOpenAI(base_url=gateway.url, api_key=ADMIN_TOKEN, max_retries=5) as client:
         while not stop.is_set():
-            responses.append(
-                await client.chat.completions.create(
-                    model="tiny",
-                    messages=[{"role": "user", "content": prompt}],
-                    temperature=0,
-                    max_tokens=max_tokens,
-                    logprobs=True,
-                    extra_body={"return_token_ids": True},
-                    extra_headers={"x-otel-rl-rollout-id": f"{rollout_prefix}-{uuid.uuid4().hex[:8]}"},
-                )
+            after = reloaded.is_set()
+            response = await client.chat.completions.create(
+                model="tiny",
+                messages=[{"role": "user", "content": prompt}],
+                temperature=0,
+                max_tokens=max_tokens,
+                logprobs=True,
+                extra_body={"return_token_ids": True},
+                extra_headers={"x-otel-rl-rollout-id": f"{rollout_prefix}-{uuid.uuid4().hex[:8]}"},
             )
-    return responses
+            answered.append((after, response))
 
 
 def assert_served_by_versions(
@@ -159,18 +166,38 @@ def assert_served_by(model, response, tolerance: float) -> None:
 
 
 def reload_during_traffic(
-    gateway: GatewayServer, prompts: list[str], traffic: dict, settle_s: float, version: int, **weights: Path
+    gateway: GatewayServer, prompts: list[str], traffic: dict, version: int, **weights: Path
 ) -> tuple[list, httpx.Response]:
-    """One client per prompt keeps calling (keep_calling(**traffic)); `settle_s` in, the policy changes to
-    `weights`; `settle_s` later the clients stop. Returns every response and the reload's answer."""
+    """One client per prompt keeps calling (keep_calling(**traffic)); once each has been answered, the policy
+    changes to `weights`; once each has been answered for a call begun after that, the clients stop.
+    Returns every response and the reload's answer."""
+
+    async def until(
+        enough: Callable[[], bool], calls: asyncio.Future, what: str, timeout_s: float = 120
+    ) -> None:
+        deadline = time.monotonic() + timeout_s
+        while not enough():
+            if calls.done():
+                await calls  # a call failed: say how
+            assert time.monotonic() < deadline, f"not {what} within {timeout_s} s"
+            await asyncio.sleep(0.05)
 
     async def scenario() -> tuple[list, httpx.Response]:
-        stop = asyncio.Event()
-        calls = asyncio.gather(*(keep_calling(gateway, prompt, stop, **traffic) for prompt in prompts))
-        await asyncio.sleep(settle_s)
+        stop, reload_done = asyncio.Event(), asyncio.Event()
+        answered: list[tuple[bool, Any]] = []
+        calls = asyncio.gather(
+            *(keep_calling(gateway, prompt, stop, answered, reload_done, **traffic) for prompt in prompts)
+        )
+        await until(lambda: len(answered) >= len(prompts), calls, "every client answered before the reload")
         reloaded = await asyncio.to_thread(set_policy, gateway, version, **weights)
-        await asyncio.sleep(settle_s)
+        reload_done.set()
+
+        def each_after() -> bool:
+            return sum(after for after, _ in answered) >= len(prompts)
+
+        await until(each_after, calls, "every client answered for a call begun after the reload")
         stop.set()
-        return [r for responses in await calls for r in responses], reloaded
+        await calls
+        return [response for _, response in answered], reloaded
 
     return asyncio.run(scenario())

@@ -94,7 +94,7 @@ def test_lora_adapter_reloads_serve_the_adapters_weights_and_every_span_names_it
             policy = httpx.get(f"{gateway.base_url}/v1/admin/policy", headers=gateway.admin, timeout=10)
             assert (policy.json()["version"], policy.json()["lora_adapter"]) == (1, str(adapters["a"]))
             responses, second = reload_during_traffic(
-                gateway, PROMPTS, TRAFFIC, 1.0, 2, lora_adapter=adapters["b"]
+                gateway, PROMPTS, TRAFFIC, 2, lora_adapter=adapters["b"]
             )  # no call raised: none failed, retries included
             assert second.status_code == 200, second.text
             assert (second.json()["previous_version"], second.json()["lora_adapter"]) == (

@@ -38,7 +38,7 @@ def test_reload_in_the_middle_of_traffic_switches_every_call_cleanly(
     with GatewayServer(tmp_path / "store.duckdb", vllm=[vllm_server.url]) as gateway:
         try:
             responses, reloaded = reload_during_traffic(
-                gateway, PROMPTS, TRAFFIC, 1.5, 1, checkpoint=new_checkpoint
+                gateway, PROMPTS, TRAFFIC, 1, checkpoint=new_checkpoint
             )  # no call raised: none failed, retries included
             assert reloaded.status_code == 200, reloaded.text
             result = reloaded.json()
