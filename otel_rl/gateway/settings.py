@@ -62,6 +62,9 @@ class GatewaySettings(BaseModel):
     connect_timeout_s: float = Field(5.0, gt=0)
     health_interval_s: float = Field(2.0, gt=0)
     pause_wait_s: float = 30.0  # how long a new request waits for a reload before 503 + Retry-After
+    # Rollouts and training share the devices: at each update the servers sleep (weights and KV cache
+    # released) while the trainer runs, and wake with the new weights (gateway/colocated.py).
+    colocated: bool = False
     drain_timeout_s: float = 30.0  # how long a reload waits for in-flight calls before aborting them
     reload_timeout_s: float = Field(300.0, gt=0)  # one server's reload_weights / load_lora_adapter
     forward_otlp: str | None = None  # also send the gateway's spans to this OTLP/HTTP traces endpoint
