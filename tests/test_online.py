@@ -175,6 +175,7 @@ def recorded_versions(gateway: ServerProcess, run_id: str) -> list[tuple[str, in
     recorded = gateway.sql(
         f"SELECT name, attributes ->> '{attr.POLICY_VERSION}' AS version FROM spans "
         f"WHERE scope_name = '{attr.TRAIN_SCOPE}' "
+        f"AND name IN ('{attr.TRAIN_STEP_SPAN_NAME}', '{attr.TRAIN_EVAL_SPAN_NAME}') "
         f"AND attributes ->> '{attr.TRAIN_RUN_ID}' = '{run_id}' "
         "ORDER BY start_time_unix_nano"
     ).to_pylist()
@@ -223,6 +224,14 @@ def test_two_online_steps_advance_the_policy_and_use_no_stale_sample(gateway, ti
         (attr.TRAIN_STEP_SPAN_NAME, v + 2),
         (attr.TRAIN_EVAL_SPAN_NAME, v + 2),
         (attr.TRAIN_STEP_SPAN_NAME, v + 3),
+    ]
+    # the run reported the reward it trains on: its rollouts show the harness's, as it trusts
+    shown = gateway.sql(
+        "SELECT DISTINCT outcome_reward_spec AS spec FROM rollouts"
+        f" WHERE starts_with(group_id, '{first.run_id}-')"
+    ).to_pylist()
+    assert shown == [
+        {"spec": {"name": "outcome", "rule": "last", "trusted_sources": ["harness"], "run_id": first.run_id}}
     ]
 
 

@@ -148,7 +148,6 @@ LEFT JOIN sdk_spans sdk USING (rollout_id)
 LEFT JOIN calls c USING (rollout_id)
 LEFT JOIN outcomes o USING (rollout_id);
 
-
 -- The reward each rollout's training run trains on (reward_specs): the run's id prefixes every group id of
 -- the run (a step's, an evaluation's, a probe's: `<run_id>-...`; the longest such id when several do); a
 -- rollout of no reporting run follows training's default (default_reward_spec(): `outcome`, trusted from
