@@ -13,30 +13,24 @@ from otel_rl.train.server_client import ServerClient
 def train_settings(config: TrainConfig, log_dir: Path | None = None) -> ControllerSettings:
     """How the training rollouts run: `online`'s harness, limits and retries; logs in `log_dir` (default:
     output_dir/rollouts)."""
-    return _settings(
-        config, config.online.harness, config.online.env, log_dir or config.output_dir / "rollouts"
+    online = config.online
+    return ControllerSettings(
+        command=online.harness,
+        concurrency=online.concurrency,
+        timeout_s=online.timeout_s,
+        max_attempts=online.max_attempts,
+        log_dir=log_dir or config.output_dir / "rollouts",
+        env=online.env,
+        preload=online.preload,
+        nice=online.nice,
     )
 
 
 def eval_settings(config: TrainConfig, command: str | list[str], log_dir: Path) -> ControllerSettings:
     """An eval command's rollouts: the training rollouts' limits, with eval.env over online.env."""
-    return _settings(config, command, {**config.online.env, **config.eval.env}, log_dir)
-
-
-def _settings(
-    config: TrainConfig, command: str | list[str] | None, env: dict[str, str], log_dir: Path
-) -> ControllerSettings:
-    online = config.online
-    return ControllerSettings(
-        command=command,
-        concurrency=online.concurrency,
-        timeout_s=online.timeout_s,
-        max_attempts=online.max_attempts,
-        log_dir=log_dir,
-        env=env,
-        preload=online.preload,
-        nice=online.nice,
-    )
+    changes = {"command": command, "env": {**config.online.env, **config.eval.env}}
+    # validated again: the eval command must suit `preload` too
+    return ControllerSettings.model_validate(train_settings(config, log_dir).model_dump() | changes)
 
 
 def open_runner(
