@@ -148,6 +148,8 @@ class TrainConfig(_Section):
     torch_threads: int = Field(1, ge=1)
     # Who runs the updates: otel-rl's own trainer (one device), or verl's engine (docs/verl.md)
     backend: Literal["local", "verl"] = "local"
+    # backend verl: data-parallel ranks over all nodes (verl's nnodes × n_gpus_per_node; verl/world.py)
+    world_size: int = Field(1, ge=1)
     # backend verl: verl's own keys, merged over the config otel-rl composes from verl's ppo_trainer.yaml
     verl: dict[str, Any] = {}
     server: ServerSettings = ServerSettings()
@@ -175,16 +177,40 @@ class TrainConfig(_Section):
         if self.backend != "verl":
             if self.verl:
                 raise ValueError("verl: settings for verl's engine need `backend: verl`")
+            if self.world_size > 1:
+                raise ValueError("world_size: several ranks need `backend: verl`")
             return self
         from otel_rl.train.verl.config import check_overrides
+        from otel_rl.train.verl.world import check_world_size
 
+        if "world_size" in self.model_fields_set and "n_gpus_per_node" in self._verl_shape():
+            raise ValueError(
+                "world_size: verl.trainer.n_gpus_per_node says the ranks too; set world_size only"
+            )
         # its ValueError starts with the dotted key: "verl.trainer.nnodes: ..."
         check_overrides(self.verl_settings(), self.verl)
+        shape = self._verl_shape()
+        nnodes = shape.get("nnodes", 1)
+        check_world_size(
+            nnodes * shape["n_gpus_per_node"] if "n_gpus_per_node" in shape else self.world_size,
+            nnodes,
+            self.device,
+        )
         return self
+
+    def _verl_shape(self) -> dict[str, int]:
+        """The cluster's shape the verl: section sets (trainer.nnodes, trainer.n_gpus_per_node), if ints."""
+        trainer = self.verl.get("trainer")
+        if not isinstance(trainer, dict):
+            return {}
+        return {
+            key: trainer[key] for key in ("nnodes", "n_gpus_per_node") if isinstance(trainer.get(key), int)
+        }
 
     def verl_settings(self) -> dict[str, Any]:
         """What these settings set in verl's config (backend verl), in its names: one setting, one place."""
         optim, algo = self.optim, self.algorithm
+        nnodes = self._verl_shape().get("nnodes", 1)
         fsdp = {"seed": self.seed, "use_torch_compile": False}
         if self.device == "cpu":
             # FSDP1 hard-codes sync_module_states=True, which torch refuses for CPU modules: fsdp2 on CPU.
@@ -237,7 +263,12 @@ class TrainConfig(_Section):
                     "log_prob_micro_batch_size_per_gpu": optim.micro_batch_size,
                 },
             },
-            "trainer": {"device": self.device, "nnodes": 1, "n_gpus_per_node": 1},
+            # ranks per node: world_size over the verl: section's nnodes (check_world_size: they divide)
+            "trainer": {
+                "device": self.device,
+                "nnodes": 1,
+                "n_gpus_per_node": max(1, self.world_size // nnodes),
+            },
         }
 
     def require_online(self) -> None:
