@@ -115,6 +115,13 @@ def serve(
     drain_timeout: Annotated[
         float, typer.Option(help="Seconds a weight reload lets calls in flight finish before aborting them")
     ] = 30.0,
+    colocated: Annotated[
+        bool,
+        typer.Option(
+            help="Rollouts and training on the same devices: at each update vLLM sleeps (weights and KV cache"
+            " released) while the trainer runs, and wakes with the new weights; calls wait meanwhile"
+        ),
+    ] = False,
     archive_after_days: Annotated[
         int | None,
         typer.Option(
@@ -215,6 +222,7 @@ def serve(
         request_limits=_request_limits(request_limits),
         upstream_timeout_s=upstream_timeout,
         drain_timeout_s=drain_timeout,
+        colocated=colocated,
         tokenizer=tokenizer,
         archive=archive,
         rollout_key_lifetime_s=rollout_key_lifetime,

@@ -47,6 +47,8 @@ class ServeSettings:
     request_limits: "RequestLimits | None" = None  # what one model call may ask for; None: the defaults
     upstream_timeout_s: float = 600.0  # one model call through the gateway
     drain_timeout_s: float = 30.0  # how long a reload lets calls in flight finish before aborting them
+    # Rollouts and training on the same devices: the servers sleep while the trainer updates (colocated.py)
+    colocated: bool = False
     tokenizer: Path | None = None  # the model folder whose tokenizer decodes tokens in /ui; default: model
     archive: "ScheduleSettings | None" = None  # an archive run at start, then hourly; None: no run
     rollout_key_lifetime_s: float = DEFAULT_KEY_LIFETIME_S  # a rollout key is refused this long after issue
@@ -233,14 +235,19 @@ def _gateway(settings: ServeSettings, store, auth):  # noqa: ANN001, ANN202 - la
     (checked now, before anything starts: ValueError names the flag at fault)."""
     from otel_rl.gateway.proxy import Gateway
     from otel_rl.gateway.settings import GatewaySettings
+    from otel_rl.gateway.vllm_machine import this_machine
     from otel_rl.gateway.vllm_replicas import LocalReplicas
 
     local = None
     if settings.model is not None:
+        machine = this_machine()
+        # vLLM's GPU build sleeps only in sleep mode; its CPU build refuses the flag and ignores sleep
+        sleep_mode = ("--enable-sleep-mode",) if settings.colocated and machine.gpus else ()
         local = LocalReplicas(
             settings.model,
+            machine=machine,
             replicas=settings.replicas,
-            vllm_args=settings.vllm_args,
+            vllm_args=settings.vllm_args + sleep_mode,
             lora_rank=settings.lora_rank,
             max_model_len=settings.max_model_len,
         )
@@ -249,11 +256,14 @@ def _gateway(settings: ServeSettings, store, auth):  # noqa: ANN001, ANN202 - la
     options = {"split_sampling": settings.split_sampling} if settings.split_sampling is not None else {}
     if settings.request_limits is not None:
         options["request_limits"] = settings.request_limits
+    if settings.colocated:  # a call waits out the trainer's update as it would a long generation, not 30 s
+        options["pause_wait_s"] = settings.upstream_timeout_s
     gateway_settings = GatewaySettings(
         servers=servers,
         forward_otlp=settings.forward_otlp,
         upstream_timeout_s=settings.upstream_timeout_s,
         drain_timeout_s=settings.drain_timeout_s,
+        colocated=settings.colocated,
         **options,
     )
     return Gateway(gateway_settings, auth=auth, store=store), local

@@ -253,6 +253,10 @@ class FakeVLLM:
         self.dev_mode = dev_mode
         self.weights: dict[str, str] = {"model.embed_tokens.weight": "0" * 64, "lm_head.weight": "1" * 64}
         self.paused = False
+        # vLLM's sleep (`POST /sleep?level=N`, `POST /wake_up`, `GET /is_sleeping`): the level slept at, 0
+        # awake; a generation reaching a sleeping server is refused and counted (real vLLM would hold it)
+        self.sleep_level = 0
+        self.calls_while_asleep = 0
         self.requests: list[RecordedRequest] = []
         self.health_checks = 0  # GET /health requests answered
         self.faults: collections.deque[Fault] = collections.deque()
@@ -337,6 +341,11 @@ class FakeVLLM:
         ]
         if self.dev_mode:
             routes += [Route(path, self._dev, methods=["POST"]) for path in DEV_PATHS]
+            routes += [
+                Route("/sleep", self._sleep, methods=["POST"]),
+                Route("/wake_up", self._wake_up, methods=["POST"]),
+                Route("/is_sleeping", self._is_sleeping),
+            ]
         return Starlette(routes=routes)
 
     async def _dev(self, request: Request) -> Response:
@@ -349,11 +358,36 @@ class FakeVLLM:
                 return JSONResponse(error_body(400, "fake vLLM: only action 'checksum'"), status_code=400)
             return JSONResponse({"checksums": dict(self.weights)})
         if path == "/collective_rpc":
+            if self.sleep_level:  # its weights are off the device: vLLM fails the load
+                return JSONResponse(error_body(500, "fake vLLM: reload_weights while asleep"), 500)
             return self._reload_weights(body)
         if path in ("/pause", "/resume"):
             self.paused = path == "/pause"
             return JSONResponse({"status": "paused" if self.paused else "resumed"})
         return Response(status_code=200)  # /reset_prefix_cache
+
+    async def _sleep(self, request: Request) -> Response:
+        """vLLM's `/sleep`: `level` 0..2 (default 1) and `mode` abort|wait|keep as query parameters."""
+        self.requests.append(RecordedRequest("/sleep", dict(request.headers), dict(request.query_params)))
+        level, mode = request.query_params.get("level", "1"), request.query_params.get("mode", "abort")
+        wrong = "level" if not (level.isdigit() and int(level) <= 2) else None
+        wrong = wrong or ("mode" if mode not in ("abort", "wait", "keep") else None)
+        if wrong is not None:  # FastAPI's validation error
+            return JSONResponse({"detail": [{"type": "query", "loc": ["query", wrong]}]}, status_code=422)
+        if int(level):  # level 0 only pauses scheduling
+            self.sleep_level = int(level)
+        self.paused = True
+        return JSONResponse({"status": "sleeping", "level": int(level)})
+
+    async def _wake_up(self, request: Request) -> Response:
+        """vLLM's `/wake_up` (`tags` repeated, none: all): answers whether it is fully awake."""
+        self.requests.append(RecordedRequest("/wake_up", dict(request.headers), dict(request.query_params)))
+        tags = request.query_params.getlist("tags") or None
+        self.sleep_level, self.paused = 0, False
+        return JSONResponse({"status": "awake", "tags": tags})
+
+    async def _is_sleeping(self, request: Request) -> Response:
+        return JSONResponse({"is_sleeping": self.sleep_level > 0 or self.paused})
 
     def _reload_weights(self, body: dict[str, Any]) -> Response:
         folder = pathlib.Path(body.get("kwargs", {}).get("weights_path", ""))
@@ -385,6 +419,9 @@ class FakeVLLM:
         else:
             early = None
         self.requests.append(RecordedRequest(request.url.path, dict(request.headers), body))
+        if self.sleep_level:
+            self.calls_while_asleep += 1
+            return body, None, JSONResponse(error_body(503, "fake vLLM: the engine is asleep"), 503)
         fault = self.faults.popleft() if self.faults else None
         if fault and fault.delay_s:
             await asyncio.sleep(fault.delay_s)

@@ -15,6 +15,8 @@ RELOAD_PHASES = ("drain", "pause", "reload", "verify", "resume", "total")
 # A model call takes from milliseconds (a cached prompt on a small model) to minutes (a long agent turn).
 CALL_BUCKETS_S = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)
 RELOAD_BUCKETS_S = (0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
+# A colocated pause spans the trainer's update too: seconds to many minutes
+PAUSE_BUCKETS_S = (0.1, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800)
 
 
 class GatewayMetrics(Collector):
@@ -65,6 +67,13 @@ class GatewayMetrics(Collector):
         self.reload_aborted = Counter(
             "otel_rl_gateway_reload_aborted_calls", "Calls in flight that reloads aborted.", registry=None
         )
+        self.colocated_pause_seconds = Histogram(
+            "otel_rl_gateway_colocated_pause_seconds",
+            "Per colocated update, how long new calls were held: drain, sleep, the trainer's update, wake,"
+            " reload.",
+            buckets=PAUSE_BUCKETS_S,
+            registry=None,
+        )
         for outcome in ("ok", "partial", "failed"):  # at 0 from the start: increase() counts the first reload
             self.reloads.labels(outcome)
 
@@ -91,6 +100,11 @@ class GatewayMetrics(Collector):
             self.reload_seconds.labels(phase).observe(getattr(result, f"{phase}_ms") / 1000)
         self.reload_aborted.inc(result.aborted)
 
+    def count_colocated(self, result: ReloadResult) -> None:
+        """A colocated update: counted as a reload, and its whole pause observed."""
+        self.count_reload(result)
+        self.colocated_pause_seconds.observe(result.total_ms / 1000)
+
     def collect(self) -> Iterator[Metric]:
         for metric in (
             self.calls,
@@ -100,6 +114,7 @@ class GatewayMetrics(Collector):
             self.reloads,
             self.reload_seconds,
             self.reload_aborted,
+            self.colocated_pause_seconds,
         ):
             yield from metric.collect()
 

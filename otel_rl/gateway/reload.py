@@ -114,19 +114,23 @@ class ReloadCoordinator:
             self._open.clear()
             try:
                 await self._drain(result)
-                servers = [s for s in self.pool.servers if s.healthy or s.out_reason is not None]
-                result.servers = [ServerReload(s.url) for s in servers]
-                await self._reload_all(servers, result, checkpoint, lora_adapter)
-                if result.ok:
-                    self.switch(servers, result)
-                else:
-                    await self._keep_serving(servers, result)
+                await self.apply(result, checkpoint, lora_adapter)
             finally:
                 self._open.set()
                 result.total_ms = ms_since(start)
             self.last_result = result
             self.record(result, start_ns)
             return result
+
+    async def apply(self, result: ReloadResult, checkpoint: str | None, lora_adapter: str | None) -> None:
+        """Load the new weights on every server and switch to them, the gate held and the calls drained."""
+        servers = [s for s in self.pool.servers if s.healthy or s.out_reason is not None]
+        result.servers = [ServerReload(s.url) for s in servers]
+        await self._reload_all(servers, result, checkpoint, lora_adapter)
+        if result.ok:
+            self.switch(servers, result)
+        else:
+            await self._keep_serving(servers, result)
 
     @property
     def busy(self) -> bool:

@@ -33,6 +33,9 @@ class ReloadResult:
     verify_ms: float = 0.0
     resume_ms: float = 0.0
     total_ms: float = 0.0
+    # Colocated mode (colocated.py): putting the servers to sleep before the update, waking them after it
+    sleep_ms: float = 0.0
+    wake_ms: float = 0.0
 
     @property
     def ok(self) -> bool:

@@ -12,6 +12,7 @@ from otel_rl.attributes import ATTEMPT_ID, GROUP_ID, SPLIT, TASK_ID
 from otel_rl.auth import Forbidden, Unauthorized, admin_required
 from otel_rl.gateway import messages
 from otel_rl.gateway.attribution import key_identity
+from otel_rl.gateway.colocated_routes import colocated_router
 from otel_rl.gateway.errors import CallError, error_body, json_object
 from otel_rl.gateway.external_routes import external_router
 from otel_rl.gateway.protocols import Protocol, ProtocolError, Route, protocols
@@ -190,6 +191,7 @@ def gateway_router(gateway: Gateway) -> APIRouter:
                 "checkpoint": policy.checkpoint,
                 "lora_adapter": policy.lora_adapter,
                 "servers": servers,
+                "colocated": gateway.settings.colocated,
                 "last_reload": last.to_json() if last else None,
             }
         )
@@ -211,6 +213,7 @@ def gateway_router(gateway: Gateway) -> APIRouter:
         return JSONResponse(result.to_json(), 200 if result.ok else 502)
 
     router.include_router(external_router(gateway))  # servers and weight updates verl runs
+    router.include_router(colocated_router(gateway))  # sleep and wake around the trainer's update
     return router
 
 
