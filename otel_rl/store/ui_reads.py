@@ -3,12 +3,13 @@ frames: the rollouts table, a rollout's timeline, the training page. Bound as st
 
 from __future__ import annotations
 
+import re
 from datetime import datetime
 
 import polars as pl
 
 from otel_rl import attributes as attr
-from otel_rl.store.reads import RECEIVED, VOUCHED, Run, vouched
+from otel_rl.store.reads import FLAGS_COLUMN, RECEIVED, VOUCHED, Run, hack_flags, vouched
 
 PAGE_ROLLOUT_COLUMNS = (
     "rollout_id",
@@ -46,6 +47,8 @@ PAGE_CALL_COLUMNS = (
     "input_messages",
     "output_messages",
 )
+FLAGGED_BY = "SELECT rollout_id FROM hack_flags WHERE list_contains(detectors,"
+EVIDENCE_ARGUMENT_CHARS = 400  # of a flagged tool call's arguments on the rollout page
 # The figures of a training step span (otel_rl.train.<name>; records.StepRecord) the training page draws.
 STEP_FIGURES = (
     "reward_mean",
@@ -84,11 +87,14 @@ def rollouts_page(
     max_reward: float | None = None,
     since: datetime | None = None,
     until: datetime | None = None,
+    flagged: bool | None = None,
+    detector: str | None = None,
     limit: int = 200,
     offset: int = 0,
 ) -> pl.DataFrame:
     """One page of the rollouts table, newest first; one row more than `limit` says there are more. Each
-    filter given narrows it (`harness`: the service name)."""
+    filter given narrows it (`harness`: the service name; `flagged`: flagged by a hack detector or not;
+    `detector`: flagged by that one). Each row names the detectors that flagged it (FLAGS_COLUMN)."""
     conditions = {
         "split = $split": split,
         "status = $status": status,
@@ -99,15 +105,25 @@ def rollouts_page(
         "outcome_reward <= $max_reward": max_reward,
         "started_at >= $since::TIMESTAMPTZ": since and since.isoformat(),
         "started_at <= $until::TIMESTAMPTZ": until and until.isoformat(),
+        f"rollout_id IN ({FLAGGED_BY} $detector))": detector,
     }
+    if flagged is not None:  # no value to bind: the condition alone
+        conditions[f"rollout_id {'' if flagged else 'NOT '}IN (SELECT rollout_id FROM hack_flags)"] = True
     used = {condition: value for condition, value in conditions.items() if value not in (None, "")}
-    named = {condition.split("$")[1].split(":")[0]: value for condition, value in used.items()}
+    named = {
+        re.search(r"\$(\w+)", condition)[1]: value for condition, value in used.items() if "$" in condition
+    }
     sql = (
         f"SELECT {', '.join(PAGE_ROLLOUT_COLUMNS)}, epoch_ms(started_at) AS started_ms FROM rollouts"
         f" WHERE {' AND '.join(used) or 'true'}"
         " ORDER BY started_at DESC NULLS LAST, rollout_id LIMIT $limit OFFSET $offset"
     )
-    return run(sql, {**named, "limit": limit + 1, "offset": offset})
+    page = run(sql, {**named, "limit": limit + 1, "offset": offset})
+    # the page's flags only: the detectors run over these rollouts' tool calls, not the whole store's
+    flags = hack_flags(run, page["rollout_id"].to_list()) if page.height else None
+    if flags is None or flags.height == 0:
+        return page.with_columns(pl.lit(None, pl.List(pl.String)).alias(FLAGS_COLUMN))
+    return page.join(flags, on="rollout_id", how="left", maintain_order="left")
 
 
 def rollout(run: Run, rollout_id: str) -> pl.DataFrame:
@@ -115,6 +131,20 @@ def rollout(run: Run, rollout_id: str) -> pl.DataFrame:
     return run(
         "SELECT *, epoch_ms(started_at) AS started_ms FROM rollouts WHERE rollout_id = $1", [rollout_id]
     )
+
+
+def rollout_detections(run: Run, rollout_id: str) -> pl.DataFrame:
+    """Every piece of hack evidence of the rollout (the `detections` view): the detector, the matched text,
+    the span that holds it and, when a tool call shows it, its tool name and arguments (an excerpt)."""
+    sql = (
+        "SELECT d.detector, d.evidence, d.evidence_id, d.trace_id, d.span_id, t.name AS tool_name,"
+        f" left(t.arguments, {EVIDENCE_ARGUMENT_CHARS}) AS arguments"
+        " FROM detections d LEFT JOIN (SELECT DISTINCT rollout_id, evidence_id, span_id, name, arguments"
+        " FROM tool_call_texts WHERE rollout_id = $1) t"
+        " ON t.evidence_id = d.evidence_id AND t.span_id = d.span_id"
+        " WHERE d.rollout_id = $1 ORDER BY d.detector, d.evidence_id, d.evidence"
+    )
+    return run(sql, [rollout_id])
 
 
 def rollout_timeline_calls(run: Run, rollout_id: str) -> pl.DataFrame:

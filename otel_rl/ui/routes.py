@@ -66,6 +66,8 @@ class RolloutFilter(BaseModel):
     harness: str | None = Field(default=None, max_length=MAX_ID_CHARS, description="service.name")
     since: datetime | None = None
     until: datetime | None = None
+    flagged: bool | None = Field(default=None, description="flagged by a hack detector (hack_flags) or not")
+    detector: str | None = Field(default=None, max_length=MAX_ID_CHARS, description="flagged by this one")
     limit: int = Field(default=200, ge=1, le=5000)
     offset: int = Field(default=0, ge=0, le=10_000_000)
 
@@ -145,6 +147,7 @@ def ui_router(
             "tools": rows(ui_reads.rollout_tools(read, rollout_id)),
             "steps": rows(ui_reads.rollout_steps(read, rollout_id)),
             "rewards": rows(ui_reads.rollout_reward_rows(read, rollout_id)),
+            "detections": rows(ui_reads.rollout_detections(read, rollout_id)),
         }
 
     @router.get(

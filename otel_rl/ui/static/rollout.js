@@ -9,7 +9,7 @@ const LANES = ["agent steps", "model calls", "tool calls", "rewards"];
 const WIDTH = 900;
 const LANE = 26;
 
-function timeline(rollout, calls, tools, steps, rewards) {
+function timeline(rollout, calls, tools, steps, rewards, flagged) {
   const times = [rollout.started_ms, ...calls.flatMap((c) => [c.started_ms, c.ended_ms]),
     ...tools.flatMap((t) => [t.started_ms, t.ended_ms]),
     ...steps.flatMap((s) => [s.started_ms, s.ended_ms]), ...rewards.map((r) => r.time_ms)].filter(Number.isFinite);
@@ -37,10 +37,13 @@ function timeline(rollout, calls, tools, steps, rewards) {
   const askedBy = new Map(calls.map((call) => [call.span_id, call]));
   for (const tool of tools) {
     const title = `${tool.name}(${tool.arguments ?? ""}) → ${tool.result ?? "?"}`;
-    if (Number.isFinite(tool.started_ms)) bar(2, tool.started_ms, tool.ended_ms, COLORS[4], title, "tool");
+    const hack = flagged.get(toolKey(tool));
+    const [color, className] = hack ? [COLORS[1], "tool flagged"] : [COLORS[4], "tool"];
+    const shown = hack ? `flagged (${hack.join(", ")}): ${title}` : title;
+    if (Number.isFinite(tool.started_ms)) bar(2, tool.started_ms, tool.ended_ms, color, shown, className);
     else if (askedBy.has(tool.span_id)) { // no tool span recorded: marked where the call that asked ended
       const at = askedBy.get(tool.span_id).ended_ms;
-      bar(2, at, at, COLORS[4], `${title} (no tool span)`, "tool");
+      bar(2, at, at, color, `${shown} (no tool span)`, className);
     }
   }
   for (const reward of rewards) {
@@ -73,6 +76,26 @@ function messages(list, title) {
     (m.tool_calls || []).map((t) => el("pre", { class: "tool-call" }, `→ ${t.name}(${t.arguments})`)),
     m.finish_reason ? el("span", { class: "muted" }, ` finish: ${m.finish_reason}`) : null,
   )));
+}
+
+// A tool call as the detectors name it (tool_call_texts: its call id, else its span; the asking call's span).
+const toolKey = (tool) => `${tool.tool_call_id ?? tool.span_id ?? tool.tool_span_id}/${tool.span_id ?? tool.tool_span_id}`;
+
+// The hack detectors' evidence (the `detections` view): each detector, what it matched, the tool call that
+// showed it and a link that opens the model call that asked for it (or names the span that holds it).
+function hackFlags(detections, calls) {
+  const cards = new Map(calls.map((call, i) => [call.span_id, i]));
+  const where = (d) => {
+    if (!cards.has(d.span_id)) return `span ${shortId(d.span_id)}`;
+    const index = cards.get(d.span_id);
+    return el("button", { type: "button", class: "link", "data-call": index, onclick: () => {
+      const card = document.querySelectorAll("#calls details.call")[index];
+      card.open = true;
+      card.scrollIntoView();
+    } }, `call ${index + 1}`);
+  };
+  const rows = detections.map((d) => ({ ...d, tool: d.tool_name, where: where(d) }));
+  return el("div", { id: "hack-flags" }, table(["detector", "evidence", "tool", "arguments", "where"], rows));
 }
 
 function callCard(call, index, tools) {
@@ -122,12 +145,19 @@ export async function rolloutPage(main, id) {
     ["harness", r.service_name], ["attempt", r.attempt_id], ["exit code", r.exit_code], ["started", time(r.started_ms)],
     ["calls", `${r.n_calls} (${r.n_error_calls} failed)`], ["policy versions", r.policy_version_min === null ? null : `${r.policy_version_min}–${r.policy_version_max}`],
   ];
+  const flagged = new Map();
+  for (const d of data.detections) {
+    const key = `${d.evidence_id}/${d.span_id}`;
+    flagged.set(key, [...new Set([...(flagged.get(key) || []), d.detector])]);
+  }
   main.replaceChildren(
     section(`rollout ${shortId(r.rollout_id)}`,
       el("p", {}, el("a", { href: `#/sample/${encodeURIComponent(r.rollout_id)}`, id: "inspect" }, "inspect its training samples (token masks)"),
         " · ", r.group_id ? el("a", { href: `#/rollouts?group=${encodeURIComponent(r.group_id)}` }, "its group") : null),
       el("dl", { class: "facts" }, facts.flatMap(([k, v]) => [el("dt", {}, k), el("dd", {}, display(v))])),
-      timeline(r, data.calls, data.tools, data.steps, data.rewards)),
+      timeline(r, data.calls, data.tools, data.steps, data.rewards, flagged)),
+    data.detections.length ? section(`hack flags (${new Set(data.detections.map((d) => d.detector)).size})`,
+      hackFlags(data.detections, data.calls)) : el("span"),
     section(`model calls (${data.calls.length})`, el("div", { id: "calls" }, data.calls.map((c, i) => callCard(c, i, data.tools)))),
     data.steps.length ? section("agent steps", table(["kind", "agent_name", "name", "duration_ms", "is_error"], data.steps)) : el("span"),
     section("rewards", data.rewards.length ? table(["level", "name", "value", "label", "source", "explanation"], data.rewards)

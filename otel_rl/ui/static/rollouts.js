@@ -13,14 +13,19 @@ const FILTERS = [
   ["harness", "text", "service.name"],
   ["since", "datetime-local", ""],
   ["until", "datetime-local", ""],
+  ["flagged", "checkbox", ""], // flagged by any hack detector (hack_flags)
+  ["detector", "text", "test_tampering…"],
 ];
-const COLUMNS = ["rollout", "split", "status", "reward", "group", "task", "started", "ms", "calls", "errors", "harness", "versions"];
+const COLUMNS = ["rollout", "split", "status", "reward", "flagged", "group", "task", "started", "ms", "calls", "errors", "harness", "versions"];
 const EXAMPLE_SQL = "SELECT split, status, count(*) AS rollouts, avg(outcome_reward) AS reward FROM rollouts GROUP BY ALL ORDER BY ALL";
 
 function cell(row, column) {
   switch (column) {
     case "rollout": return el("a", { href: `#/rollout/${encodeURIComponent(row.rollout_id)}`, title: row.rollout_id }, shortId(row.rollout_id));
     case "reward": return row.outcome_reward;
+    // the hack detectors that flagged it, each a link to the rollouts it flagged
+    case "flagged": return row.hack_detectors ? el("span", { class: "flagged" }, row.hack_detectors.flatMap((d, i) =>
+      [i ? ", " : null, el("a", { href: `#/rollouts?detector=${encodeURIComponent(d)}` }, d)])) : null;
     case "group": return shortId(row.group_id);
     case "task": return shortId(row.task_id);
     case "started": return time(row.started_ms);
@@ -38,7 +43,7 @@ function apiQuery(params) {
   for (const [name, type] of FILTERS) {
     const value = params.get(name);
     if (!value) continue;
-    query.set(name, type === "datetime-local" ? new Date(value).toISOString() : value);
+    query.set(name, type === "datetime-local" ? new Date(value).toISOString() : type === "checkbox" ? "true" : value);
   }
   query.set("limit", params.get("limit") || "200");
   query.set("offset", params.get("offset") || "0");
@@ -54,7 +59,8 @@ export async function rolloutsPage(main, _id, params) {
   } });
   for (const [name, type, placeholder] of FILTERS) {
     const step = type === "number" ? "any" : null;
-    form.append(el("label", {}, name, el("input", { name, type, placeholder, step, value: params.get(name) || "" })));
+    const input = type === "checkbox" ? { checked: params.has(name) } : { placeholder, step, value: params.get(name) || "" };
+    form.append(el("label", {}, name, el("input", { name, type, ...input })));
   }
   form.append(el("button", { type: "submit" }, "filter"), el("a", { href: "#/rollouts" }, "clear"));
 
