@@ -199,6 +199,7 @@ def rl_settings(
     tasks: dict[str, Path],
     backend: str = "local",
     seed: int = 0,
+    world_size: int = 1,
 ) -> "TrainConfig":
     """Stage 2: online GRPO with the calculator harness, held-out evaluation with the same harness."""
     from otel_rl.train.config import config_from_dict
@@ -210,6 +211,7 @@ def rl_settings(
             "model": str(model),
             "output_dir": str(workdir / "rl"),
             "backend": backend,
+            "world_size": world_size,
             "steps": plan.rl_steps,
             "optim": {"lr": plan.rl_lr, "micro_batch_size": 64},
             "algorithm": {"group_size": plan.group_size, "groups_per_step": plan.groups_per_step},
@@ -240,12 +242,14 @@ def run_demo(
     vllm_url: str | None = None,
     backend: str = "local",
     seed: int = 0,
+    world_size: int = 1,
 ) -> dict[str, Any]:
     """Both stages end to end; returns the report (also written to workdir/report.json). `backend` trains
     stage 2 (local or verl); stage 1's SFT is the local trainer's (verl's backend trains RL updates only).
 
     With `vllm_url`, the gateway uses that running vLLM server (it must serve a model of the tiny model's
     shape, with the reload endpoints on) instead of starting one; it is left serving the trained weights.
+    `world_size`: verl's ranks for stage 2 (backend verl), checked against the machine before anything starts.
     """
     from otel_rl.tinymodel import init_model
     from otel_rl.train.offline import sft_from_traces
@@ -255,6 +259,7 @@ def run_demo(
         raise RuntimeError(
             f"the demo runs the example harnesses of {EXAMPLES}: run it from a checkout of otel-rl"
         )
+    check_demo_world_size(world_size, backend)
     started = time.monotonic()
     timings: dict[str, float] = {}
     # Every child process (server, harnesses, trainer) runs with paths of its own: absolute ones, so that
@@ -284,7 +289,7 @@ def run_demo(
 
         console.rule("stage 2, online: GRPO through the gateway, the store and synchronized reloads")
         stage = time.monotonic()
-        rl_config = rl_settings(plan, url, token, start_policy, workdir, tasks, backend, seed)
+        rl_config = rl_settings(plan, url, token, start_policy, workdir, tasks, backend, seed, world_size)
         result = run_online(rl_config, console)
         timings["stage2_s"] = time.monotonic() - stage
 
@@ -297,6 +302,8 @@ def run_demo(
         "sampled_success_after": sampled[-1].success_rate,
         "steps": len(result.steps),
         "seed": seed,
+        "backend": backend,
+        "world_size": world_size,  # verl's data-parallel ranks in stage 2 (1: the local backend)
         "wall_seconds": time.monotonic() - started,
         "timings": timings,
         "expert": expert,
@@ -310,6 +317,18 @@ def run_demo(
     plot_rewards(report, workdir / "reward_curve.png")
     (workdir / "report.md").write_text(markdown_report(report))
     return report
+
+
+def check_demo_world_size(world_size: int, backend: str) -> None:
+    """Raise ValueError naming --world-size when stage 2 cannot run that many ranks here."""
+    from otel_rl.train.verl.world import check_world_size
+
+    if world_size > 1 and backend != "verl":
+        raise ValueError(f"--world-size {world_size}: several ranks need --backend verl")
+    try:
+        check_world_size(world_size, 1, "cpu")
+    except ValueError as error:
+        raise ValueError(str(error).replace("world_size:", "--world-size:", 1)) from None
 
 
 def demo_command(
@@ -330,6 +349,9 @@ def demo_command(
     seed: Annotated[
         int, typer.Option(help="Seeds the tiny model, the expert's and training tasks, and training")
     ] = 0,
+    world_size: Annotated[
+        int, typer.Option(min=1, help="verl's data-parallel ranks for stage 2 (--backend verl; one a core)")
+    ] = 1,
     serve: Annotated[
         bool, typer.Option(help="At the end, serve the web view of the run (/ui) until Ctrl-C")
     ] = True,
@@ -344,7 +366,7 @@ def demo_command(
     console = Console()
     workdir = workdir.resolve()
     try:
-        report = run_demo(QUICK if quick else FULL, workdir, console, vllm, backend, seed)
+        report = run_demo(QUICK if quick else FULL, workdir, console, vllm, backend, seed, world_size)
     except (RuntimeError, ValueError) as error:
         console.print(f"[red]demo failed:[/] {error}")
         raise typer.Exit(1) from None

@@ -35,9 +35,9 @@ def single_epoch_ppo_loss(
     metrics: dict[str, Any] = {}
     if "rollout_log_probs" in data.keys():  # noqa: SIM118 (a TensorDict)
         log_ratio = old - data["rollout_log_probs"]
-        # Sums over this micro-batch divided by the whole batch's tokens: the micro-batches' metrics add up
-        # (SUM) to the batch's token means, as the local backend reports them.
-        per_batch = data["batch_num_tokens"] * data["dp_size"]
+        # Sums over this micro-batch divided by the whole batch's tokens (all ranks'), times the ranks: verl
+        # adds a rank's micro-batches (SUM) and averages the ranks, which gives the batch's token means.
+        per_batch = data["batch_num_tokens"] / data["dp_size"]
         metrics["mismatch"] = Metric(AggregationType.SUM, ((log_ratio.abs() * mask).sum() / per_batch).item())
         if rollout_is is not None:
             is_weights, _ = compute_rollout_correction_weights(

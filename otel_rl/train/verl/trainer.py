@@ -55,7 +55,7 @@ class VerlTrainer:
             ray.init(log_to_driver=False)  # a cluster someone started (docs/verl.md): joined, not owned
         else:
             ray.init(
-                num_cpus=self._worker_count() * self._groups(),
+                num_cpus=self.world_size * self._groups(),
                 include_dashboard=False,
                 _temp_dir=str(self._workdir / "ray"),
                 log_to_driver=False,
@@ -93,7 +93,9 @@ class VerlTrainer:
         # reference is therefore an "actor" worker that is never updated: the same engine and log-probs.
         return "actor" if self.config.device == "cpu" else "ref"
 
-    def _worker_count(self) -> int:
+    @property
+    def world_size(self) -> int:
+        """verl's data-parallel ranks, over all nodes (world.py)."""
         trainer = self.verl_config.trainer
         return int(trainer.nnodes) * int(trainer.n_gpus_per_node)
 
@@ -136,6 +138,8 @@ class VerlTrainer:
         batch = worker_batch(batch)
         response_mask = batch.batch["response_mask"].float()
         n_tokens = response_mask.sum().clamp(min=1).item()
+        samples = len(batch)
+        batch = pad_to_ranks(batch, self.world_size)
         # One epoch: the update's own forward gives the old log-probs and IS weights (losses.py).
         metrics = {} if self.single_epoch else self._old_policy(batch)
         if self.ref is not None:
@@ -157,7 +161,7 @@ class VerlTrainer:
             # per PPO epoch: losses are averaged over epochs, the norm and rate are the last epoch's
             "grad_norm": _last(verl_metrics["grad_norm"]),
             "lr": _last(verl_metrics["lr"]),
-            "samples": float(len(batch)),
+            "samples": float(samples),
             "response_tokens": float(n_tokens),
         }
         if "kl_loss" in verl_metrics:
@@ -215,11 +219,13 @@ class VerlTrainer:
         return data
 
     def _micro_batch(self, batch: DataProto) -> int:
-        """The largest micro-batch within `optim.micro_batch_size` that divides the batch: verl's engine
-        splits a batch into equal micro-batches only. Gradients accumulate to the whole batch's either way
-        (the loss is normalized by the whole batch), so only memory and speed depend on it."""
-        size = min(self.config.optim.micro_batch_size, len(batch))
-        while len(batch) % size:
+        """The largest micro-batch within `optim.micro_batch_size` that divides a rank's share of the batch:
+        verl's engine splits a rank's slice into equal micro-batches only. Gradients accumulate to the whole
+        batch's either way (the loss is normalized by the whole batch, over all ranks), so only memory and
+        speed depend on it."""
+        share = len(batch) // self.world_size
+        size = min(self.config.optim.micro_batch_size, share)
+        while share % size:
             size -= 1
         return size
 
@@ -301,6 +307,19 @@ def worker_batch(batch: DataProto) -> DataProto:
         tensors["rollout_log_probs"] = batch.batch["rollout_log_probs"].float()
     # logits / temperature: 1, the logprobs of the distribution vLLM sampled from and recorded
     return DataProto.from_dict(tensors=tensors, meta_info={"temperature": 1.0})
+
+
+def pad_to_ranks(batch: DataProto, ranks: int) -> DataProto:
+    """The batch with as many rows as a multiple of `ranks`: verl's dispatch gives each rank an equal,
+    contiguous slice. The added rows repeat the first ones with no loss tokens (response mask and loss
+    weights 0), so they add nothing to the loss, its token count or the sequences it is normalized by."""
+    missing = -len(batch) % ranks
+    if not missing:
+        return batch
+    extra = batch.select_idxs([i % len(batch) for i in range(missing)])
+    for key in ("response_mask", "token_weights"):
+        extra.batch[key] = torch.zeros_like(extra.batch[key])
+    return DataProto.concat([batch, extra])
 
 
 def to_worker_input(batch: DataProto) -> Any:
