@@ -57,6 +57,8 @@ class ColocatedUpdates:
         """Hold new calls, drain those in flight, and put every server to sleep."""
         if lease_s <= 0:
             raise ValueError(f"lease_s must be > 0, not {lease_s}")
+        if self.nap is not None:
+            raise ReloadRejected("the servers already sleep for an update: wake them first")
         if self.coordinator.policy.lora_adapter is not None:
             raise ReloadRejected("the policy is a LoRA adapter: colocated updates load full checkpoints")
         policy = self.coordinator.policy

@@ -52,6 +52,7 @@ class OnlineLoop:
         self.tasks = read_tasks(config.online.tasks)
         self.val_tasks = read_tasks(config.eval.tasks) if config.eval.tasks else []
         self.run_id = run_id_of(config.output_dir)
+        self.colocated = False  # read from the gateway at the start (`serve --colocated`)
         resumed = latest_checkpoint(config.output_dir)
         self.checkpoint, self.state = resumed if resumed else (config.model, OnlineState())
 
@@ -70,6 +71,8 @@ class OnlineLoop:
         if self.state.step > 0:  # resuming: continue with the optimizer where the checkpoint left it
             await asyncio.to_thread(trainer.load_state, self.checkpoint)
         await asyncio.to_thread(publish_start, self.client, self.checkpoint, self.state)
+        # `serve --colocated`: the servers sleep while the trainer updates on the same devices
+        self.colocated = bool((await asyncio.to_thread(self.client.policy)).get("colocated"))
         async with AsyncExitStack() as stack:  # closed in reverse: groups stopped first, the recorder last
             recorder = RunRecorder(self.client.url, self.client.token, self.run_id, self.config.reward.spec())
             stack.callback(recorder.close)
@@ -114,6 +117,9 @@ class OnlineLoop:
         started, started_ns = time.monotonic(), time.time_ns()
         version = self.state.version
         batch = await collect_batch(self.config, self.client, launcher, version, progress.show, self.console)
+        if self.colocated:
+            progress.show("putting the servers to sleep")
+            await asyncio.to_thread(self.client.sleep_servers)
         train_started = time.monotonic()
         progress.show(f"training on {batch.samples.height} samples")
         metrics = await asyncio.to_thread(trainer.step, to_dataproto(batch.samples, trainer.pad_token_id))
@@ -126,8 +132,9 @@ class OnlineLoop:
             save_checkpoint, trainer, self.state, self.config.output_dir
         )
         saved = time.monotonic()
-        progress.show("reloading servers")
-        reload = await asyncio.to_thread(self.client.set_policy, self.checkpoint, self.state.version)
+        progress.show("waking the servers" if self.colocated else "reloading servers")
+        reloads = self.client.wake_servers if self.colocated else self.client.set_policy
+        reload = await asyncio.to_thread(reloads, self.checkpoint, self.state.version)
         reloaded = time.monotonic()
         await launcher.release(len(batch.groups))
         rewards = batch.samples.group_by("rollout_id").agg(pl.col("reward").first())["reward"]
@@ -155,6 +162,7 @@ class OnlineLoop:
             transform_wait_s=batch.transform.wait_s,
             transform_read_s=batch.transform.read_s,
             transform_build_s=batch.transform.build_s,
+            colocated_pause_s=reload["colocated_pause_ms"] / 1000 if self.colocated else None,
         )
         # Exported now: a loop killed later must not lose the record of a step whose checkpoint exists.
         await asyncio.to_thread(recorder.record, attr.TRAIN_STEP_SPAN_NAME, record, started_ns)

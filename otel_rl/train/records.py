@@ -46,6 +46,9 @@ class StepRecord:
     transform_wait_s: float = 0.0
     transform_read_s: float = 0.0
     transform_build_s: float = 0.0
+    # A colocated gateway (`serve --colocated`): how long calls were held while the servers slept for the
+    # update (drain, sleep, train, save, wake, reload); None when the servers stay up beside the trainer
+    colocated_pause_s: float | None = None
 
 
 @dataclass
@@ -118,7 +121,9 @@ class RunRecorder:
             attr.POLICY_VERSION: record.policy_version,
         }
         attributes |= {
-            f"{attr.TRAIN_PREFIX}{key}": value for key, value in values.items() if key != "policy_version"
+            f"{attr.TRAIN_PREFIX}{key}": value
+            for key, value in values.items()
+            if key != "policy_version" and value is not None  # a span attribute cannot be None
         }
         attributes |= {f"{attr.TRAIN_PREFIX}trainer.{key}": value for key, value in trainer.items()}
         attributes |= self._reward

@@ -96,6 +96,24 @@ class ServerClient:
         _raise_for_status(response, f"reload the policy from {checkpoint}")
         return response.json()
 
+    def sleep_servers(self) -> dict[str, Any]:
+        """A colocated gateway: hold new calls, drain those in flight, put every server to sleep (its
+        weights and KV cache leave the devices for the trainer's update); returns the drain and sleep times.
+        """
+        response = self._request("POST", "/v1/admin/policy/sleep")
+        _raise_for_status(response, "put the inference servers to sleep for the update")
+        return response.json()
+
+    def wake_servers(self, checkpoint: Path, version: int) -> dict[str, Any]:
+        """A colocated gateway: wake every server, reload `checkpoint` as `version`, resume the calls.
+
+        Returns the reload's report, with `colocated_pause_ms`: how long calls were held since the sleep.
+        """
+        body = {"checkpoint": str(Path(checkpoint).resolve()), "version": version}
+        response = self._request("POST", "/v1/admin/policy/wake", json=body)
+        _raise_for_status(response, f"wake the inference servers with {checkpoint}")
+        return response.json()
+
     def _request(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
         try:
             return self._http.request(method, path, **kwargs)
