@@ -80,9 +80,11 @@ def _calc_task() -> ModuleType:
 
 
 @contextmanager
-def running_server(workdir: Path, model: Path, vllm_url: str | None, token: str, console: Console):
-    """`otel-rl serve` with its gateway over `vllm_url`, or over a local vLLM server it starts for `model`;
-    yields its URL."""
+def running_server(
+    workdir: Path, model: Path, vllm_url: str | None, token: str, console: Console, colocated: bool = False
+):
+    """`otel-rl serve` with its gateway over `vllm_url`, or over a local vLLM server it starts for `model`
+    (`colocated`: `serve --colocated`, the servers sleep during each update); yields its URL."""
     from otel_rl.gateway.vllm import free_ports
 
     port, grpc_port = free_ports(2)
@@ -90,6 +92,7 @@ def running_server(workdir: Path, model: Path, vllm_url: str | None, token: str,
     command = [
         str(Path(sys.executable).parent / "otel-rl"), "serve", "--db", str(workdir / "otel_rl.duckdb"),
         *upstream, "--http-port", str(port), "--grpc-port", str(grpc_port),
+        *(["--colocated"] if colocated else []),
     ]  # fmt: skip
     log_path = workdir / "server.log"
     # The token through the environment, not the command line, where every user of the machine reads it.
@@ -243,6 +246,7 @@ def run_demo(
     backend: str = "local",
     seed: int = 0,
     world_size: int = 1,
+    colocated: bool = False,
 ) -> dict[str, Any]:
     """Both stages end to end; returns the report (also written to workdir/report.json). `backend` trains
     stage 2 (local or verl); stage 1's SFT is the local trainer's (verl's backend trains RL updates only).
@@ -250,6 +254,7 @@ def run_demo(
     With `vllm_url`, the gateway uses that running vLLM server (it must serve a model of the tiny model's
     shape, with the reload endpoints on) instead of starting one; it is left serving the trained weights.
     `world_size`: verl's ranks for stage 2 (backend verl), checked against the machine before anything starts.
+    `colocated`: the server runs `serve --colocated`: vLLM sleeps during each online update.
     """
     from otel_rl.tinymodel import init_model
     from otel_rl.train.offline import sft_from_traces
@@ -273,7 +278,7 @@ def run_demo(
     with console.status("building the tiny model and its tokenizer"):
         initial = init_model(workdir / "model-init", seed=seed)
         tasks = write_task_files(workdir, plan, seed)
-    with running_server(workdir, initial, vllm_url, token, console) as url:
+    with running_server(workdir, initial, vllm_url, token, console, colocated) as url:
         timings["setup_s"] = time.monotonic() - started
         console.print(f"server and gateway at {url} (vLLM behind it); store {workdir / 'otel_rl.duckdb'}")
 
@@ -304,6 +309,7 @@ def run_demo(
         "seed": seed,
         "backend": backend,
         "world_size": world_size,  # verl's data-parallel ranks in stage 2 (1: the local backend)
+        "colocated": colocated,  # each train step's colocated_pause_s: how long calls were held
         "wall_seconds": time.monotonic() - started,
         "timings": timings,
         "expert": expert,
@@ -352,6 +358,9 @@ def demo_command(
     world_size: Annotated[
         int, typer.Option(min=1, help="verl's data-parallel ranks for stage 2 (--backend verl; one a core)")
     ] = 1,
+    colocated: Annotated[
+        bool, typer.Option(help="serve --colocated: vLLM sleeps while the trainer updates (docs/gateway.md)")
+    ] = False,
     serve: Annotated[
         bool, typer.Option(help="At the end, serve the web view of the run (/ui) until Ctrl-C")
     ] = True,
@@ -366,7 +375,8 @@ def demo_command(
     console = Console()
     workdir = workdir.resolve()
     try:
-        report = run_demo(QUICK if quick else FULL, workdir, console, vllm, backend, seed, world_size)
+        plan = QUICK if quick else FULL
+        report = run_demo(plan, workdir, console, vllm, backend, seed, world_size, colocated)
     except (RuntimeError, ValueError) as error:
         console.print(f"[red]demo failed:[/] {error}")
         raise typer.Exit(1) from None
