@@ -1,6 +1,7 @@
 """The online loop on verl's engine (`backend: verl`, on CPU): two online steps of the calculator task, the
 run killed after the first and resumed from its checkpoint, with the local backend's assertions on policy
-versions and staleness (test_online.py); and `otel-rl demo --backend verl --quick` completes.
+versions and staleness (test_online.py); and `otel-rl demo --backend verl --world-size 2 --quick` completes
+with two ranks.
 """
 
 import json
@@ -114,11 +115,15 @@ def test_an_online_run_on_verl_killed_mid_run_resumes_from_its_checkpoint(gatewa
     assert (output / "step-2" / "model.safetensors").is_file()
 
 
-def test_quick_demo_with_the_verl_backend_completes(tmp_path):
-    """As a user types it, from the repository root, with a working folder of its own."""
+def test_quick_demo_with_the_verl_backend_at_world_size_2_completes(tmp_path):
+    """As a user types it, from the repository root, with a working folder of its own; two verl ranks (world
+    size 1 runs in the test above)."""
     workdir = tmp_path / "demo"
     done = subprocess.run(
-        [str(OTEL_RL), "demo", "--quick", "--no-serve", "--backend", "verl", "--workdir", str(workdir)],
+        [
+            *(str(OTEL_RL), "demo", "--quick", "--no-serve", "--backend", "verl", "--world-size", "2"),
+            *("--workdir", str(workdir)),
+        ],
         cwd=ROOT,
         capture_output=True,
         text=True,
@@ -128,6 +133,7 @@ def test_quick_demo_with_the_verl_backend_completes(tmp_path):
     assert "held-out greedy success" in done.stdout
     report = json.loads((workdir / "report.json").read_text())
     assert report["steps"] == QUICK.rl_steps
+    assert report["world_size"] == 2 and report["backend"] == "verl"
     assert all(step["trainer"]["mismatch"] < 1e-4 for step in report["train_steps"])
     versions = query(
         "SELECT DISTINCT policy_version FROM llm_calls WHERE split = 'train' ORDER BY 1",
