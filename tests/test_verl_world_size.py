@@ -7,6 +7,8 @@ Each world size starts Ray and verl's workers once for the module (the costly pa
 """
 
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -18,6 +20,7 @@ from otel_rl.train.config import ConfigError, config_from_dict
 from otel_rl.train.trainer import Trainer
 from otel_rl.train.verl import VerlTrainer
 
+OTEL_RL = Path(sys.executable).parent / "otel-rl"
 RELATIVE = 1e-5
 COMPARED = ("loss", "pg_loss", "kl_loss", "grad_norm", "lr", "mismatch", "is_weight_mean", "response_tokens")
 
@@ -83,3 +86,14 @@ def test_a_world_size_the_machine_cannot_hold_stops_before_anything_starts(tiny_
     cores = len(os.sched_getaffinity(0))
     with pytest.raises(ConfigError, match=rf"world_size: .* this machine has {cores} CPU cores"):
         config_from_dict(settings(tiny_model_dir, backend="verl", world_size=cores + 1))
+
+
+def test_the_demo_refuses_a_world_size_the_machine_cannot_hold_before_anything_starts(tmp_path):
+    cores = len(os.sched_getaffinity(0))
+    workdir = tmp_path / "demo"
+    command = [str(OTEL_RL), "demo", "--backend", "verl", "--world-size", str(cores + 1), "--no-serve"]
+    done = subprocess.run([*command, "--workdir", str(workdir)], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 1
+    assert f"--world-size: {cores + 1} ranks on cpu" in " ".join(done.stdout.split())
+    assert f"this machine has {cores} CPU cores" in " ".join(done.stdout.split())
+    assert not workdir.exists()  # nothing was built or started
