@@ -6,8 +6,9 @@ verl's workers do the update. Each `step` is what `RayPPOTrainer` does with a ba
 done: DataProto -> TensorDict -> no-padding layout; the actor's log-probs before the update (the PPO "old"
 policy: with one epoch, the update's own forward gives them, losses.py); the reference policy's, when a KL
 term is on; the importance weights against the logprobs vLLM recorded (verl's rollout-correction helper);
-then `update_actor`. On a laptop the worker group is one CPU process (platform.py); on a cluster the same
-code gets GPU pools from `trainer.nnodes` and `trainer.n_gpus_per_node`.
+then `update_actor`. On a laptop the worker group is `world_size` CPU processes on gloo (platform.py,
+world.py), each a slice of the batch; on a cluster the same code gets GPU pools from `trainer.nnodes` and
+`trainer.n_gpus_per_node`.
 """
 
 import os
