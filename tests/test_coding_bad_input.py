@@ -108,3 +108,17 @@ def test_a_100_mb_patch_is_refused_naming_the_task_before_it_is_read(tmp_path: P
         capture_output=True, text=True, timeout=120,
     )  # fmt: skip
     assert done.returncode == 2 and f"error: calc-1: {patch}: patch over 10 MiB" in done.stderr, done.stderr
+
+
+def test_grade_goes_on_past_another_tasks_bad_line_and_names_it(tmp_path: Path) -> None:
+    tasks = bad_task_file(tmp_path)  # line 2 is calc-malformed
+    gold = tmp_path / "gold.diff"
+    gold.write_text(json.loads(tasks.read_text().splitlines()[0])["patch"])
+    grade = [OTEL_RL, "grade", str(tasks), "--patch", str(gold), "--instance"]
+    done = subprocess.run([*grade, "calc-1"], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0 and json.loads(done.stdout)["reward"] == 1, done.stderr
+    assert f"skipped: {tasks}:2 (calc-malformed): patch: Input should be a valid string" in done.stderr
+    # asking for the malformed task itself: refused, the reason its line is bad named
+    done = subprocess.run([*grade, "calc-malformed"], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and "no task with instance_id 'calc-malformed'" in done.stderr, done.stderr
+    assert f"error: {tasks}:2 (calc-malformed): patch: Input should be a valid string" in done.stderr

@@ -11,7 +11,7 @@ import typer
 
 from otel_rl.coding import sandbox
 from otel_rl.coding.grader import MAX_PATCH_BYTES, PatchError, grade
-from otel_rl.coding.tasks import TaskError, TaskSet, load_tasks, load_tasks_and_errors
+from otel_rl.coding.tasks import Task, TaskError, TaskSet, load_tasks, load_tasks_and_errors
 from otel_rl.coding.workspace import make_workspace
 from otel_rl.coding_app.store_cli import curate_command, load_command
 
@@ -43,6 +43,21 @@ def _load_going_on(path: Path) -> tuple[TaskSet, list[TaskError]]:
     except TaskError as error:
         typer.echo(f"error: {error}", err=True)
         raise typer.Exit(2) from None
+
+
+def _load_instance(path: Path, instance: str) -> tuple[TaskSet, Task]:
+    """The task named by --instance: another task's bad line does not stop a command about this one (it is
+    named on stderr); when the instance is not among the good tasks, the bad lines' errors say why."""
+    task_set, bad = _load_going_on(path)
+    try:
+        task = task_set.get(instance)
+    except TaskError as error:
+        for reason in [error, *bad]:
+            typer.echo(f"error: {reason}", err=True)
+        raise typer.Exit(2) from None
+    for reason in bad:
+        typer.echo(f"skipped: {reason}", err=True)
+    return task_set, task
 
 
 @tasks_app.command("list")
@@ -181,10 +196,9 @@ def sandbox_run_command(
     """Run a command in the workspace an agent would get (a fresh one-commit repository of the task's
     snapshot, no hidden tests, loopback only plus the --forward ports); exit status: the command's. After
     it, the connection attempts the sandbox denied are printed to stderr, one line a destination."""
-    task_set = _load(file)
+    task_set, task = _load_instance(file, instance)
     limits = sandbox.Limits(cpu_seconds=cpu_seconds, wall_seconds=wall_seconds)
     try:
-        task = task_set.get(instance)
         with tempfile.TemporaryDirectory(prefix="otel-rl-workspace-") as scratch:
             workspace = make_workspace(task_set, task, Path(scratch))
             sandbox.hand_over(workspace)
@@ -224,9 +238,8 @@ def grade_command(
 ) -> None:
     """Grade one patch outside the agent's sandbox; print JSON: reward, tests, dropped_paths (and outcome,
     error). Exit status 0 when graded, 1 on an infrastructure failure (no reward), 2 on bad input."""
-    task_set = _load(file)
+    task_set, task = _load_instance(file, instance)
     try:
-        task = task_set.get(instance)
         data = sys.stdin.buffer.read(MAX_PATCH_BYTES + 1) if str(patch) == "-" else _read_bounded(patch)
         result = grade(
             task_set, task, data.decode(errors="surrogateescape"),
