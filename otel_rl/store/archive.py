@@ -21,7 +21,7 @@ from pathlib import Path
 
 import duckdb
 
-from otel_rl.store.connection import CATALOG
+from otel_rl.store.connection import CATALOG, quoted
 from otel_rl.store.layout import ARCHIVE_FILES, RAW_TABLES
 
 MANIFEST = ARCHIVE_FILES.table
@@ -152,8 +152,3 @@ def allow_reading(con: duckdb.DuckDBPyConnection, store_paths: Sequence[Path]) -
     folders = ", ".join(quoted(f"{archive_dir(path)}/") for path in store_paths)
     con.execute(f"SET allowed_directories = [{folders}]")
     con.execute("SET parquet_metadata_cache = true")
-
-
-def quoted(value: object) -> str:
-    """A SQL string literal."""
-    return "'" + str(value).replace("'", "''") + "'"

@@ -32,9 +32,9 @@ from otel_rl.store.archive import (
     ArchivedFile,
     archive_dir,
     manifest,
-    quoted,
     temporary_path,
 )
+from otel_rl.store.connection import quoted
 from otel_rl.store.layout import RECEIVED_AT
 from otel_rl.store.schema import COMMIT_NUMBERED
 

@@ -27,7 +27,7 @@ def connect(path: str | Path, *, read_only: bool = False) -> duckdb.DuckDBPyConn
     con = duckdb.connect(config={"threads": 1})
     mode = " (READ_ONLY)" if read_only else ""
     try:
-        con.execute(f"ATTACH '{_quoted(path)}' AS {CATALOG}{mode}")
+        con.execute(f"ATTACH {quoted(path)} AS {CATALOG}{mode}")
     except duckdb.Error:
         con.close()
         raise
@@ -43,5 +43,7 @@ def cursor(con: duckdb.DuckDBPyConnection) -> duckdb.DuckDBPyConnection:
     return child
 
 
-def _quoted(path: str | Path) -> str:
-    return str(path).replace("'", "''")
+def quoted(value: object) -> str:
+    """A SQL string literal, only where DuckDB binds no parameter (ATTACH, COPY ... TO, SET, a view's
+    definition): the store's and the archive's paths and a day's bound, never a record's value or id."""
+    return "'" + str(value).replace("'", "''") + "'"

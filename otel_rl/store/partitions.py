@@ -24,7 +24,7 @@ import duckdb
 import pyarrow as pa
 
 from otel_rl.store import archive
-from otel_rl.store.connection import CATALOG, connect
+from otel_rl.store.connection import CATALOG, connect, quoted
 from otel_rl.store.definitions import NORMALIZED, read_definitions
 from otel_rl.store.detections import create_detections
 from otel_rl.store.sandbox import Params, UserQuery, check_read_only, lock_down
@@ -159,7 +159,7 @@ def _attach(con: duckdb.DuckDBPyConnection, index: int, path: Path) -> None:
     if not path.is_file():
         raise PartitionError(f"no store at {path}")
     try:
-        con.execute(f"ATTACH {archive.quoted(path)} AS p{index} (READ_ONLY)")
+        con.execute(f"ATTACH {quoted(path)} AS p{index} (READ_ONLY)")
     except duckdb.IOException as exc:
         if "lock" not in str(exc).lower():
             raise PartitionError(f"{path} cannot be read: {exc}") from None

@@ -25,11 +25,11 @@ from otel_rl.store.archive import (
     ArchivedFile,
     archive_dir,
     manifest,
-    quoted,
     readable_path,
     temporary_path,
 )
 from otel_rl.store.archiver import archive_rows, midnight, remove_empty_folders
+from otel_rl.store.connection import quoted
 from otel_rl.store.schema import COMMIT_NUMBERED
 
 MAX_DAYS = 36_500  # a hundred years: a larger number of days is a typo
