@@ -11,7 +11,8 @@ from typing import TYPE_CHECKING
 from pydantic import BaseModel, Field
 
 from otel_rl.coding.tasks import MAX_TASKS, MAX_TEST_IDS, Task, TaskSet
-from otel_rl.store.layout import SENDER_ADMIN, TASKS, rows_table
+from otel_rl.store.arrow_rows import rows_table
+from otel_rl.store.layout import SENDER_ADMIN, TASKS
 
 if TYPE_CHECKING:
     import pyarrow as pa

@@ -16,8 +16,9 @@ from opentelemetry.proto.resource.v1.resource_pb2 import Resource
 
 from otel_rl.collector.limits import MAX_VALUE_DEPTH, check_indexed_key
 from otel_rl.collector.packed import PackedTokens, call_tokens_table, take_packed
+from otel_rl.store.arrow_rows import rows_table
 from otel_rl.store.identity import NO_IDENTITY, Identity, identity_of, resolve
-from otel_rl.store.layout import LOGS, SPANS, Sender, rows_table
+from otel_rl.store.layout import LOGS, SPANS, Sender
 
 SpanRow = SPANS.row
 LogRow = LOGS.row

@@ -18,8 +18,9 @@ from otel_rl.collector.flatten import (
     record_hasher,
     resource_json_identity,
 )
+from otel_rl.store.arrow_rows import rows_table
 from otel_rl.store.identity import NO_IDENTITY, Identity
-from otel_rl.store.layout import METRIC_POINTS, Sender, rows_table
+from otel_rl.store.layout import METRIC_POINTS, Sender
 
 MetricPointRow = METRIC_POINTS.row
 

@@ -9,7 +9,8 @@ import pyarrow as pa
 
 from otel_rl.attributes import PROMPT_TOKEN_IDS
 from otel_rl.collector.limits import choice_index, is_index
-from otel_rl.store.layout import CALL_TOKENS, Sender, per_batch_arrays
+from otel_rl.store.arrow_rows import per_batch_arrays
+from otel_rl.store.layout import CALL_TOKENS, Sender
 
 
 class PackedTokens:

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 from collections import namedtuple
 from dataclasses import dataclass
-from datetime import datetime
 from typing import Literal
 
 import pyarrow as pa
@@ -119,35 +118,14 @@ class Layout:
 
 
 _ROW_TYPES: dict[str, type] = {}
-_PER_BATCH = ("received_at", "sender")
+PER_BATCH = ("received_at", "sender")
 
 
 def _row_type(layout: Layout) -> type:
     if layout.table not in _ROW_TYPES:
-        names = [column.name for column in layout.built if column.name not in _PER_BATCH]
+        names = [column.name for column in layout.built if column.name not in PER_BATCH]
         _ROW_TYPES[layout.table] = namedtuple(layout.table.title().replace("_", "") + "Row", names)
     return _ROW_TYPES[layout.table]
-
-
-def rows_table(layout: Layout, rows: list[tuple], received_at: datetime, sender: Sender) -> pa.Table:
-    """The Arrow table of `rows` (each a `layout.row`), all received at `received_at` from `sender`."""
-    schema = layout.schema
-    columns = zip(*rows, strict=True) if rows else [()] * (len(schema) - len(_PER_BATCH))
-    arrays = [_array(values, field.type) for values, field in zip(columns, schema, strict=False)]
-    arrays += per_batch_arrays(received_at, sender, len(rows))
-    return pa.Table.from_arrays(arrays, schema=schema)
-
-
-def per_batch_arrays(received_at: datetime, sender: Sender, n: int) -> list[pa.Array]:
-    """The received_at and sender columns of n rows received together."""
-    return [pa.repeat(pa.scalar(received_at, type=RECEIVED_AT), n), pa.repeat(pa.scalar(sender), n)]
-
-
-def _array(values: object, type_: pa.DataType) -> pa.Array:
-    if type_ != JSON:
-        return pa.array(values, type=type_)
-    # orjson's bytes are valid UTF-8: viewed as strings as they are, 2x faster than pyarrow's JSON conversion.
-    return pa.ExtensionArray.from_storage(JSON, pa.array(values, type=pa.binary()).view(pa.string()))
 
 
 def _received_at() -> Column:
