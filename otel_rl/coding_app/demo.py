@@ -151,7 +151,7 @@ def arm_settings(
 
 def run_coding_demo(plan: CodingPlan, workdir: Path, console: Console) -> dict[str, Any]:
     """SFT, then the three arms, then the report (workdir/report.json, report.md, arms.png)."""
-    from otel_rl.demo import running_server
+    from otel_rl.demo_server import running_server
     from otel_rl.query import query
     from otel_rl.tinymodel import init_model
     from otel_rl.train.offline import sft_from_traces
