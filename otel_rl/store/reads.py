@@ -75,14 +75,15 @@ def attempt_progress(run: Run, attempt_ids: Sequence[str], since_ns: int) -> pl.
     without it every poll parsed every stored call's attributes."""
     sql = (
         "SELECT attempt_id,"
-        f" bool_or(scope_name = '{attr.CONTROLLER_SCOPE}') AS finished,"
+        " bool_or(scope_name = ?) AS finished,"
         f" min(TRY_CAST(attributes ->> '{attr.POLICY_VERSION}' AS INTEGER))"
-        f" FILTER (WHERE scope_name = '{attr.GATEWAY_SCOPE}') AS policy_version"
+        " FILTER (WHERE scope_name = ?) AS policy_version"
         f" FROM spans WHERE start_time_unix_nano >= ? AND {_VOUCHED_LISTED}"
-        f" AND scope_name IN ('{attr.CONTROLLER_SCOPE}', '{attr.GATEWAY_SCOPE}')"
+        " AND scope_name IN (?, ?)"
         f" AND {_in('attempt_id', len(attempt_ids))} GROUP BY 1"
     )
-    return run(sql, [since_ns, *VOUCHED_SENDERS, *attempt_ids])
+    scopes = [attr.CONTROLLER_SCOPE, attr.GATEWAY_SCOPE]
+    return run(sql, [*scopes, since_ns, *VOUCHED_SENDERS, *scopes, *attempt_ids])
 
 
 def final_attempts(run: Run, group_ids: Sequence[str], since_ns: int | None = None) -> pl.DataFrame:
@@ -94,12 +95,13 @@ def final_attempts(run: Run, group_ids: Sequence[str], since_ns: int | None = No
         " any_value(group_id) AS group_id, any_value(task_id) AS task_id,"
         f" arg_max(attributes ->> '{attr.ROLLOUT_STATUS}', {RECEIVED}) AS status,"
         " max(start_time_unix_nano) AS attempt_start_ns"
-        f" FROM spans WHERE scope_name = '{attr.CONTROLLER_SCOPE}' AND name = '{attr.ROLLOUT_SPAN_NAME}'"
+        " FROM spans WHERE scope_name = ? AND name = ?"
         f" AND {_VOUCHED_LISTED}{'' if since_ns is None else ' AND start_time_unix_nano >= ?'}"
         f" AND {_in('group_id', len(group_ids))} GROUP BY 1"
     )
     since = [] if since_ns is None else [since_ns]
-    return run(sql, [*VOUCHED_SENDERS, *since, *group_ids])
+    span = [attr.CONTROLLER_SCOPE, attr.ROLLOUT_SPAN_NAME]
+    return run(sql, [*span, *VOUCHED_SENDERS, *since, *group_ids])
 
 
 def group_gateway_calls(run: Run, group_ids: Sequence[str], since_ns: int) -> pl.DataFrame:

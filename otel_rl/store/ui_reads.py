@@ -208,8 +208,9 @@ def _chosen_run(run_id: str | None) -> str:
     return f"{_RUN} = {'$run' if run_id else latest}"
 
 
-def _run_named(run_id: str | None) -> dict[str, object]:
-    return vouched(run=run_id) if run_id else vouched()
+def _run_named(run_id: str | None, span: str) -> dict[str, object]:
+    """The parameters of a statement over one kind of trainer span (`$span`) of the chosen run."""
+    return vouched(span=span, run=run_id) if run_id else vouched(span=span)
 
 
 def _figure(key: str, name: str, kind: str = "DOUBLE") -> str:
@@ -220,13 +221,13 @@ def training_runs(run: Run) -> pl.DataFrame:
     """The training runs the store recorded, the latest first."""
     sql = (
         f"SELECT {_RUN} AS run_id,"
-        f" count(*) FILTER (WHERE name = '{attr.TRAIN_STEP_SPAN_NAME}') AS steps,"
-        f" count(*) FILTER (WHERE name = '{attr.TRAIN_EVAL_SPAN_NAME}') AS evals,"
+        " count(*) FILTER (WHERE name = $step_span) AS steps,"
+        " count(*) FILTER (WHERE name = $eval_span) AS evals,"
         " (min(start_time_unix_nano) // 1000000)::BIGINT AS started_ms,"
         " (max(end_time_unix_nano) // 1000000)::BIGINT AS last_ms"
         f" FROM spans WHERE {_TRAINER} GROUP BY 1 ORDER BY last_ms DESC"
     )
-    return run(sql, vouched())
+    return run(sql, vouched(step_span=attr.TRAIN_STEP_SPAN_NAME, eval_span=attr.TRAIN_EVAL_SPAN_NAME))
 
 
 def training_steps(run: Run, run_id: str | None) -> pl.DataFrame:
@@ -237,24 +238,24 @@ def training_steps(run: Run, run_id: str | None) -> pl.DataFrame:
         f"SELECT {_RUN} AS run_id, {_figure(attr.TRAIN_PREFIX + 'step', 'step', 'INTEGER')},"
         f" {_figure(attr.POLICY_VERSION, 'policy_version', 'INTEGER')},"
         f" {', '.join(figures)}, (end_time_unix_nano // 1000000)::BIGINT AS time_ms"
-        f" FROM spans WHERE {_TRAINER} AND name = '{attr.TRAIN_STEP_SPAN_NAME}' AND {_chosen_run(run_id)}"
+        f" FROM spans WHERE {_TRAINER} AND name = $span AND {_chosen_run(run_id)}"
         " ORDER BY step, start_time_unix_nano"
     )
-    return run(sql, _run_named(run_id))
+    return run(sql, _run_named(run_id, attr.TRAIN_STEP_SPAN_NAME))
 
 
 def training_evals(run: Run, run_id: str | None) -> pl.DataFrame:
     """One row per evaluation of a run (each eval harness at each policy version), in step order."""
     figures = ", ".join(_figure(attr.TRAIN_PREFIX + name, name) for name in EVAL_FIGURES)
     sql = (
-        f"SELECT attributes ->> '{attr.TRAIN_PREFIX}name' AS eval,"
+        "SELECT attributes ->> $name_key AS eval,"
         f" {_figure(attr.TRAIN_PREFIX + 'step', 'step', 'INTEGER')},"
         f" {_figure(attr.POLICY_VERSION, 'policy_version', 'INTEGER')},"
         f" {figures}, (end_time_unix_nano // 1000000)::BIGINT AS time_ms"
-        f" FROM spans WHERE {_TRAINER} AND name = '{attr.TRAIN_EVAL_SPAN_NAME}' AND {_chosen_run(run_id)}"
+        f" FROM spans WHERE {_TRAINER} AND name = $span AND {_chosen_run(run_id)}"
         " ORDER BY step, eval"
     )
-    return run(sql, _run_named(run_id))
+    return run(sql, _run_named(run_id, attr.TRAIN_EVAL_SPAN_NAME) | {"name_key": f"{attr.TRAIN_PREFIX}name"})
 
 
 def reloads(run: Run, since_ms: int | None) -> pl.DataFrame:
@@ -263,11 +264,12 @@ def reloads(run: Run, since_ms: int | None) -> pl.DataFrame:
     sql = (
         f"SELECT {_figure(attr.POLICY_VERSION, 'policy_version', 'INTEGER')}, {phases},"
         " status_code = 2 AS failed, (start_time_unix_nano // 1000000)::BIGINT AS time_ms"
-        f" FROM spans WHERE name = '{attr.RELOAD_SPAN_NAME}' AND {VOUCHED}"
+        f" FROM spans WHERE name = $span AND {VOUCHED}"
         f"{'' if since_ms is None else ' AND start_time_unix_nano >= $since_ns'}"
         " ORDER BY start_time_unix_nano"
     )
-    return run(sql, vouched() if since_ms is None else vouched(since_ns=int(since_ms) * 1_000_000))
+    since = {} if since_ms is None else {"since_ns": int(since_ms) * 1_000_000}
+    return run(sql, vouched(span=attr.RELOAD_SPAN_NAME, **since))
 
 
 def step_rollout_versions(run: Run, run_id: str | None) -> pl.DataFrame:
@@ -278,8 +280,8 @@ def step_rollout_versions(run: Run, run_id: str | None) -> pl.DataFrame:
         f" SELECT {_figure(attr.TRAIN_PREFIX + 'step', 'step', 'INTEGER')},"
         f" {_figure(attr.POLICY_VERSION, 'policy_version', 'INTEGER')},"
         f" unnest(TRY_CAST(attributes -> '{attr.TRAIN_PREFIX}group_ids' AS VARCHAR[])) AS group_id"
-        f" FROM spans WHERE {_TRAINER} AND name = '{attr.TRAIN_STEP_SPAN_NAME}' AND {_chosen_run(run_id)})"
+        f" FROM spans WHERE {_TRAINER} AND name = $span AND {_chosen_run(run_id)})"
         " SELECT s.step, s.policy_version, r.policy_version_min"
         " FROM step_groups s JOIN rollouts r USING (group_id) ORDER BY s.step"
     )
-    return run(sql, _run_named(run_id))
+    return run(sql, _run_named(run_id, attr.TRAIN_STEP_SPAN_NAME))
