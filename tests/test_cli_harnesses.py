@@ -27,7 +27,8 @@ from otel_rl.coding import sandbox
 from otel_rl.coding.tasks import load_tasks
 from otel_rl.controller import Controller, ControllerSettings, Rollout, RolloutStatus, new_id
 from otel_rl.controller.coding import CodingLauncher
-from otel_rl.gateway.vllm import VLLMServer, cache_root
+from otel_rl.gateway.vllm import VLLMServer
+from otel_rl.gateway.vllm_env import cache_root
 from otel_rl.harnesses import CLIS
 from otel_rl.harnesses.install import install, install_dir
 from otel_rl.harnesses.recipe import CodingTask, HarnessError

@@ -17,7 +17,7 @@ from openai.types.responses import response_create_params
 from otel_rl.gateway import messages, responses
 from otel_rl.gateway.limits import RequestLimits, url_problem
 from otel_rl.gateway.request_fields import FIELDS, NOT_TRANSLATED
-from otel_rl.gateway.vllm import vllm_python
+from otel_rl.gateway.vllm_env import vllm_python
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -19,7 +19,7 @@ from otel_rl_server import ServerProcess
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
-from otel_rl.gateway.vllm import cache_root
+from otel_rl.gateway.vllm_env import cache_root
 
 ROOT = Path(__file__).resolve().parent.parent
 LOCK = ROOT / "requirements.lock"

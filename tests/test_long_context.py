@@ -10,7 +10,8 @@ from otel_rl_server import OTEL_RL, ServerProcess
 from typer.testing import CliRunner
 
 from otel_rl.cli import app
-from otel_rl.gateway.vllm import VLLMServer, vllm_python
+from otel_rl.gateway.vllm import VLLMServer
+from otel_rl.gateway.vllm_env import vllm_python
 
 ROOT = Path(__file__).resolve().parent.parent
 LONG = 65536

@@ -19,7 +19,7 @@ from opentelemetry.sdk.trace import TracerProvider
 
 from otel_rl import attributes as attr
 from otel_rl.controller.environment import harness_environment
-from otel_rl.gateway.vllm import cache_root
+from otel_rl.gateway.vllm_env import cache_root
 from otel_rl.sdk.rollout import resolve_identity, reward
 from otel_rl.sdk.setup import exporter_headers
 

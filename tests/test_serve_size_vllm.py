@@ -9,7 +9,7 @@ import httpx
 import pytest
 from otel_rl_server import ServerProcess
 
-from otel_rl.gateway.vllm import vllm_python
+from otel_rl.gateway.vllm_env import vllm_python
 from otel_rl.gateway.vllm_machine import this_machine
 from otel_rl.tinymodel import init_model
 

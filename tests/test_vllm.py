@@ -8,7 +8,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 from typer.testing import CliRunner
 
-import otel_rl.gateway.vllm as vllm_env
+import otel_rl.gateway.vllm_env as vllm_env
 from otel_rl.cli import app
 from otel_rl.gateway.vllm import VLLMServer
 from otel_rl.tinymodel import CALC_TOOL, init_model

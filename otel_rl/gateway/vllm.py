@@ -16,16 +16,7 @@ from typing import Self
 
 import httpx
 
-# VLLM_LOCK, cache_root, environment_*, vllm_app: re-exported, where the CLI and tests have found them
-from otel_rl.gateway.vllm_env import (  # noqa: F401
-    VLLM_LOCK,
-    cache_root,
-    environment_dir,
-    environment_recipe,
-    tail,
-    vllm_app,
-    vllm_python,
-)
+from otel_rl.gateway.vllm_env import tail, vllm_python
 from otel_rl.gateway.vllm_flags import Device, declared_dtype, server_flags
 from otel_rl.gateway.vllm_machine import this_machine
 

@@ -6,7 +6,7 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-from otel_rl.gateway.vllm import cache_root
+from otel_rl.gateway.vllm_env import cache_root
 from otel_rl.harnesses.recipe import HarnessCLI
 
 INSTALL_TIMEOUT_S = 600

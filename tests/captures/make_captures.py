@@ -31,7 +31,7 @@ from typing import Any
 from rich.console import Console
 from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
-from otel_rl.gateway.vllm import cache_root
+from otel_rl.gateway.vllm_env import cache_root
 
 HERE = Path(__file__).resolve().parent
 sys.path[:0] = [str(HERE), str(HERE.parent)]  # the receiver beside this file, the upstream in tests/
