@@ -13,6 +13,7 @@ from pathlib import Path
 import httpx
 import polars as pl
 import pytest
+from fake_vllm import MODEL, FakeVLLM
 from google.protobuf import json_format
 from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
 from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsServiceResponse
@@ -25,6 +26,7 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from otel_fixtures import CLI_CAPTURES, requests_under
 from otel_rl_server import OTEL_RL, ServerProcess
+from prometheus_client.parser import text_string_to_metric_families
 from rollout_traffic import rollout_requests
 
 from otel_rl import attributes as attr
@@ -32,7 +34,12 @@ from otel_rl.collector.ingest import traces_batch
 from otel_rl.collector.rewards import RewardIn, reward_log_request
 from otel_rl.store import Store
 from otel_rl.store.schema import default_transforms_dir
+from otel_rl.train.batches import group_samples
+from otel_rl.train.config import config_from_dict
 from otel_rl.train.groups import read_groups
+from otel_rl.train.launcher import Collected
+from otel_rl.train.records import RunRecorder, StepRecord
+from otel_rl.train.server_client import ServerClient
 from otel_rl.transforms.rewards import RewardSpec
 from otel_rl.transforms.samples import SampleOptions, build_samples, load_inputs
 
@@ -258,41 +265,47 @@ def tampered_codex_capture() -> list[tuple[str, bytes, dict[str, str]]]:
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     workdir = tmp_path_factory.mktemp("detectors")
-    server = ServerProcess(workdir / "otel_rl.duckdb", workdir).start()
-    try:
-        start = time.time_ns()
-        for i, (rollout_id, (calls, _)) in enumerate(CASES.items()):
-            body = tool_spans(rollout_id, calls, start + i * 10**6)
-            post(server, "traces", body, rollout_key(server, rollout_id))
-        post(
-            server,
-            "traces",
-            model_call_span(ASKED_BY_MODEL, "git reflog", start),
-            rollout_key(server, ASKED_BY_MODEL),
-        )
-        # grader/harness divergence: the harness's own reward (its key) against the grader's (the admin's)
-        for rollout_id, harness, grader in (
-            ("diverge", 1.0, 0.0),
-            ("agree", 1.0, 1.0),
-            ("both-fail", 0.0, 0.0),
-        ):
-            reward(server, rollout_id, harness, attr.REWARD_SOURCE_HARNESS, rollout_key(server, rollout_id))
-            reward(server, rollout_id, grader, attr.REWARD_SOURCE_GRADER, server.auth)
-        # the grader's dropped paths on the controller's rollout span: the server's word counts, not a key's
-        for rollout_id, auth in (
-            ("graded", server.auth),
-            ("graded-forged", rollout_key(server, "graded-forged")),
-        ):
-            post(server, "traces", graded_span(rollout_id, ["tests/test_stats.py", "conftest.py"]), auth)
-        post(server, "traces", graded_span("graded-clean", []), server.auth)
-        for cli in ("claude-code", "opencode", "qwen-code"):
-            for captured in requests_under(CLI_CAPTURES / cli, CLI_CAPTURES):
-                post(server, captured.signal, captured.body, server.auth, captured.headers)
-        for signal, body, _ in tampered_codex_capture():
-            post(server, signal, body, server.auth)
-        yield server
-    finally:
-        server.stop()
+    with FakeVLLM() as fake:  # the gateway's upstream, for the model calls an SFT export reads
+        server = ServerProcess(workdir / "otel_rl.duckdb", workdir, flags=("--vllm", fake.base_url)).start()
+        try:
+            yield fill(server)
+        finally:
+            server.stop()
+
+
+def fill(server: ServerProcess) -> ServerProcess:
+    """Each case's rollout, the rewards and graded spans, and the CLIs' captured rollouts, sent to it."""
+    start = time.time_ns()
+    for i, (rollout_id, (calls, _)) in enumerate(CASES.items()):
+        body = tool_spans(rollout_id, calls, start + i * 10**6)
+        post(server, "traces", body, rollout_key(server, rollout_id))
+    post(
+        server,
+        "traces",
+        model_call_span(ASKED_BY_MODEL, "git reflog", start),
+        rollout_key(server, ASKED_BY_MODEL),
+    )
+    # grader/harness divergence: the harness's own reward (its key) against the grader's (the admin's)
+    for rollout_id, harness, grader in (
+        ("diverge", 1.0, 0.0),
+        ("agree", 1.0, 1.0),
+        ("both-fail", 0.0, 0.0),
+    ):
+        reward(server, rollout_id, harness, attr.REWARD_SOURCE_HARNESS, rollout_key(server, rollout_id))
+        reward(server, rollout_id, grader, attr.REWARD_SOURCE_GRADER, server.auth)
+    # the grader's dropped paths on the controller's rollout span: the server's word counts, not a key's
+    for rollout_id, auth in (
+        ("graded", server.auth),
+        ("graded-forged", rollout_key(server, "graded-forged")),
+    ):
+        post(server, "traces", graded_span(rollout_id, ["tests/test_stats.py", "conftest.py"]), auth)
+    post(server, "traces", graded_span("graded-clean", []), server.auth)
+    for cli in ("claude-code", "opencode", "qwen-code"):
+        for captured in requests_under(CLI_CAPTURES / cli, CLI_CAPTURES):
+            post(server, captured.signal, captured.body, server.auth, captured.headers)
+    for signal, body, _ in tampered_codex_capture():
+        post(server, signal, body, server.auth)
+    return server
 
 
 def flags(server: ServerProcess, expected: int) -> dict[str, set[str]]:
@@ -341,21 +354,23 @@ def test_a_real_cli_capture_s_tool_call_is_read_and_only_the_tampered_one_is_fla
     assert "tests/test_stats.py" in tampered[0]["evidence"]
 
 
-def test_flagged_rollouts_are_screened_out_of_samples_and_counted(server, tmp_path) -> None:
+def screened_group(server: ServerProcess, group_id: str, prefix: str) -> None:
+    """A group of three rollouts with rewards, `{prefix}-clean`, `{prefix}-hacked` and `{prefix}-clean-2`,
+    of which the hacked one removed a test file (test_tampering); returns once it is flagged."""
     start = time.time_ns() - 5 * 10**9  # every attempt started before the server received its reward
-    for i, rollout_id in enumerate(("s-clean", "s-hacked", "s-clean-2")):
-        spans, outcome = rollout_requests(rollout_id, start + i * 10**9, group_id="screened-group")
+    for i, rollout_id in enumerate((f"{prefix}-clean", f"{prefix}-hacked", f"{prefix}-clean-2")):
+        spans, outcome = rollout_requests(rollout_id, start + i * 10**9, group_id=group_id)
         post(server, "traces", spans.SerializeToString(), server.auth)
         post(server, "logs", outcome.SerializeToString(), server.auth)
-    post(
-        server,
-        "traces",
-        tool_spans("s-hacked", [bash("rm tests/test_stats.py")], start),
-        rollout_key(server, "s-hacked"),
-    )
-    until(server, "SELECT 1 FROM hack_flags WHERE rollout_id = 's-hacked'", 1)
-    until(server, "SELECT 1 FROM llm_calls WHERE group_id = 'screened-group'", 6)
+    hacked = f"{prefix}-hacked"
+    tampered = tool_spans(hacked, [bash("rm tests/test_stats.py")], start)
+    post(server, "traces", tampered, rollout_key(server, hacked))
+    until(server, f"SELECT 1 FROM hack_flags WHERE rollout_id = '{hacked}'", 1)
+    until(server, f"SELECT 1 FROM llm_calls WHERE group_id = '{group_id}'", 6)
 
+
+def test_flagged_rollouts_are_screened_out_of_samples_and_counted(server, tmp_path) -> None:
+    screened_group(server, "screened-group", "s")
     run_query = server.run
     options = SampleOptions(reward=RewardSpec(trusted_sources=("test",)))
     calls, rollouts, rewards = load_inputs("group_id = 'screened-group'", run_query)
@@ -379,6 +394,77 @@ def test_flagged_rollouts_are_screened_out_of_samples_and_counted(server, tmp_pa
     assert exported.returncode == 0, exported.stderr
     assert "1 rollouts flagged by hack_flags (test_tampering: 1)" in exported.stderr, exported.stderr
     assert set(pl.read_parquet(out)["rollout_id"]) == {"s-clean", "s-clean-2"}
+
+
+def screened_total(server: ServerProcess) -> float:
+    """`otel_rl_train_screened_rollouts_total` as a scraper reads it: GET /metrics with the server's token."""
+    response = httpx.get(f"{server.http_url}/metrics", headers=server.auth, timeout=10)
+    response.raise_for_status()
+    [sample] = [
+        sample
+        for family in text_string_to_metric_families(response.text)
+        for sample in family.samples
+        if sample.name == "otel_rl_train_screened_rollouts_total"
+    ]
+    return sample.value
+
+
+def test_a_step_that_screened_rollouts_adds_them_to_the_prometheus_counter(server) -> None:
+    screened_group(server, "metrics-group", "m")
+    before = screened_total(server)
+    # The online loop's transform of a step's groups (train/batches.py), through the server's query API as
+    # the loop reads, and the step record it sends the server with what was screened (train/online.py).
+    config = config_from_dict({"model": "tiny", "reward": {"trusted_sources": ["test"]}})
+    found = Collected(["metrics-group"], stale=0, started_ns=None, seen_through=None)
+    client = ServerClient(server.http_url, server.token)
+    try:
+        samples, report, _ = group_samples(config, client, found, version=2)
+    finally:
+        client.close()
+    assert set(samples["rollout_id"]) == {"m-clean", "m-clean-2"} and report.screened == 1
+    record = StepRecord(
+        step=1, policy_version=3, group_ids=found.groups, reward_mean=1.0, success_rate=1.0, rollouts=2,
+        samples=samples.height, sampled_tokens=report.sampled_tokens, response_tokens=report.response_tokens,
+        stale_groups=0, collect_s=1.0, transform_s=0.1, train_s=1.0, save_s=0.1, reload_s=0.1, paused_s=0.0,
+        drain_s=0.0, wall_s=2.3, screened=report.screened,
+    )  # fmt: skip
+    recorder = RunRecorder(server.http_url, server.token, run_id="screening-run")
+    recorder.record(attr.TRAIN_STEP_SPAN_NAME, record, time.time_ns())
+    recorder.close()
+    deadline = time.monotonic() + 30
+    while (total := screened_total(server)) == before and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert total == before + 1
+
+
+def test_an_sft_export_leaves_a_flagged_rollout_out_and_counts_it(server, tmp_path) -> None:
+    # model calls through the gateway (their messages recorded), each rollout's grader reward, one rollout
+    # that tampered with a test file
+    for name in ("sft-clean", "sft-hacked", "sft-clean-2"):
+        identity = {attr.IDENTITY_HEADERS[attr.ROLLOUT_ID]: name, attr.IDENTITY_HEADERS[attr.GROUP_ID]: "sft"}
+        body = {"model": MODEL, "messages": [{"role": "user", "content": f"task of {name}"}]}
+        answer = httpx.post(
+            f"{server.http_url}/v1/chat/completions", json=body, headers=server.auth | identity, timeout=30
+        )
+        assert answer.status_code == 200, answer.text
+        reward(server, name, 1.0, attr.REWARD_SOURCE_GRADER, server.auth)
+    tampered = tool_spans("sft-hacked", [bash("rm -rf tests/")], time.time_ns())
+    post(server, "traces", tampered, rollout_key(server, "sft-hacked"))
+    until(server, "SELECT 1 FROM hack_flags WHERE rollout_id = 'sft-hacked'", 1)
+    until(server, "SELECT 1 FROM rewards WHERE rollout_id LIKE 'sft-%'", 3)
+
+    out = tmp_path / "sft.jsonl"
+    args = [str(OTEL_RL), "export", "sft", "-o", str(out), "--where=group_id = 'sft'"]
+    args += ["--server", server.http_url, "--token", server.token]
+    exported = subprocess.run(
+        args, capture_output=True, text=True, timeout=120, env=os.environ | {"COLUMNS": "200"}
+    )
+    assert exported.returncode == 0, exported.stderr
+    assert "1 rollouts flagged by hack_flags (test_tampering: 1)" in exported.stderr, exported.stderr
+    assert f"wrote 2 conversations to {out}" in exported.stdout
+    records = [json.loads(line) for line in out.read_text().splitlines()]
+    asked = sorted(record["messages"][0]["content"] for record in records)
+    assert asked == ["task of sft-clean", "task of sft-clean-2"]
 
 
 def test_a_users_detector_file_joins_hack_flags_and_a_broken_one_is_left_out(tmp_path) -> None:
