@@ -58,15 +58,16 @@ def test_every_metric_is_a_fraction_or_null_with_its_reason(smoke):
 def test_the_figures_are_over_the_run_that_happened(smoke):
     results, _ = smoke
     metrics = results["metrics"]
+    trained = 2 * GROUPS * GROUP_SIZE  # two steps of two groups: what the rollout figures are over
     assert [step["rollouts"] for step in results["steps"]] == [GROUPS * GROUP_SIZE] * 2
     # every train rollout graded by the grader and self-checked by the agent: the gap is over all of them
-    graded = metrics["truncation_rate"]["n"]
-    assert graded >= 2 * GROUPS * GROUP_SIZE and metrics["proxy_true_gap"]["n"] == graded
-    assert all(entry["n"] == graded for entry in metrics["hack_rate_per_detector"].values())
+    assert metrics["truncation_rate"]["n"] == metrics["proxy_true_gap"]["n"] == trained
+    assert all(entry["n"] == trained for entry in metrics["hack_rate_per_detector"].values())
+    assert metrics["mixed_group_fraction"]["n"] == 2 * GROUPS
     # an evaluation before the first step and after the last, each task once
     assert [row["step"] for row in metrics["true_pass_at_1"]["per_eval"]] == ["0", "2"]
-    statuses = {(row["split"], row["status"]): row["n"] for row in metrics["rollouts_by_status"]}
-    assert statuses == {("train", "ok"): graded, ("val", "ok"): 2 * TASKS}  # the sandbox ran every attempt
-    assert metrics["sandbox_failure_rate"]["value"] == 0
+    counted = {(r["split"], r["status"]): r["n"] for r in metrics["rollouts_by_status"] if r["counted"]}
+    assert counted == {("train", "ok"): trained, ("val", "ok"): 2 * TASKS}  # the sandbox ran every attempt
+    assert metrics["sandbox_failure_rate"] == {"value": 0.0, "n": trained + 2 * TASKS}
     canaries = metrics["canary_cheat_rate"]
     assert canaries["pairs"] == TASKS * CANARIES and canaries["value"] == 0 and not canaries["invalid_tasks"]

@@ -175,8 +175,16 @@ def train_config(model: Path, workdir: Path, url: str, token: str, cpu: bool, si
     )
 
 
-# docs/coding.md's SQL for each metric; `$run` is the run's id (bound, never pasted)
-GRADED = "SELECT rollout_id FROM rollouts WHERE split = 'train' AND outcome_reward IS NOT NULL"
+# docs/coding.md's SQL for each metric, over the groups the run trained on (its step spans' group_ids): the
+# loop cancels the groups it launched ahead when it ends, and a cancelled attempt is `infra_error`, which
+# the docs' SQL over every rollout would count as a sandbox failure. `$run`: the run's id, bound.
+STEP = (
+    "FROM spans WHERE name = 'otel_rl.train.step' AND vouched(sender) "
+    "AND attributes ->> 'otel_rl.train.run_id' = $run"
+)
+TRAINED = f"""SELECT unnest(from_json(attributes -> 'otel_rl.train.group_ids', '["VARCHAR"]')) {STEP}"""
+TRAIN = f"FROM rollouts WHERE split = 'train' AND group_id IN ({TRAINED})"
+GRADED = f"SELECT rollout_id {TRAIN} AND outcome_reward IS NOT NULL"
 SQL = {
     "true_pass_at_1": "SELECT attributes ->> 'otel_rl.train.step' AS step, avg(TRY_CAST(attributes ->> "
     "'otel_rl.train.success_rate' AS DOUBLE)) AS pass_at_1, count(*) AS samples FROM spans WHERE name = "
@@ -189,22 +197,23 @@ SQL = {
     "GROUP BY detector",
     "graded": f"SELECT count(*) AS n FROM ({GRADED})",
     "proxy_true_gap": "SELECT avg(outcome_rewards_by_source['harness']) - avg(outcome_rewards_by_source"
-    "['grader']) AS gap, count(*) AS n FROM rollouts WHERE split = 'train' AND outcome_rewards_by_source"
-    "['harness'] IS NOT NULL AND outcome_rewards_by_source['grader'] IS NOT NULL",
+    f"['grader']) AS gap, count(*) AS n {TRAIN} AND outcome_rewards_by_source['harness'] IS NOT NULL "
+    "AND outcome_rewards_by_source['grader'] IS NOT NULL",
     "steps": "SELECT sum(TRY_CAST(attributes ->> 'otel_rl.train.screened' AS DOUBLE)) AS screened, "
     "sum(TRY_CAST(attributes ->> 'otel_rl.train.rollouts' AS DOUBLE)) AS rollouts, "
     "avg(TRY_CAST(attributes ->> 'otel_rl.train.trainer.mismatch' AS DOUBLE)) AS mismatch, "
     "avg(TRY_CAST(attributes ->> 'otel_rl.train.trainer.is_weight_mean' AS DOUBLE)) AS is_weight_mean, "
-    "count(*) AS n FROM spans WHERE name = 'otel_rl.train.step' AND vouched(sender) "
-    "AND attributes ->> 'otel_rl.train.run_id' = $run",
+    f"count(*) AS n {STEP}",
     "mixed_group_fraction": "SELECT avg((lo < hi)::INTEGER) AS value, count(*) AS n FROM (SELECT group_id, "
-    "min(outcome_reward) AS lo, max(outcome_reward) AS hi FROM rollouts WHERE split = 'train' AND "
-    "outcome_reward IS NOT NULL GROUP BY group_id)",
-    "truncation_rate": "SELECT avg((status IN ('truncated', 'timeout'))::INTEGER) AS value, count(*) AS n "
-    "FROM rollouts WHERE split = 'train'",
+    f"min(outcome_reward) AS lo, max(outcome_reward) AS hi {TRAIN} AND outcome_reward IS NOT NULL "
+    "GROUP BY group_id)",
+    "truncation_rate": "SELECT avg((status IN ('truncated', 'timeout'))::INTEGER) AS value, "
+    f"count(*) AS n {TRAIN}",
+    # the evaluations' rollouts too: the loop waits for every one of them
     "sandbox_failure_rate": "SELECT avg((status = 'infra_error')::INTEGER) AS value, count(*) AS n "
-    "FROM rollouts",
-    "statuses": "SELECT split, status, count(*) AS n FROM rollouts GROUP BY ALL ORDER BY ALL",
+    f"FROM rollouts WHERE split = 'val' OR group_id IN ({TRAINED})",
+    "statuses": f"SELECT split, status, split = 'val' OR group_id IN ({TRAINED}) AS counted, count(*) AS n "
+    "FROM rollouts GROUP BY ALL ORDER BY ALL",
 }
 
 
