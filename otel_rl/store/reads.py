@@ -86,6 +86,13 @@ def attempt_progress(run: Run, attempt_ids: Sequence[str], since_ns: int) -> pl.
     return run(sql, [*scopes, since_ns, *VOUCHED_SENDERS, *scopes, *attempt_ids])
 
 
+def await_normalized(run: Run) -> None:
+    """An empty read of the normalized tables (`llm_calls`, which a step reads): with a `run` that waits for
+    a commit (ServerClient.query's `after_commit`), it returns once they include that commit, so that the
+    wait for normalizing is timed apart from the reads."""
+    run("SELECT 1 FROM llm_calls LIMIT 0", None)
+
+
 def final_attempts(run: Run, group_ids: Sequence[str], since_ns: int | None = None) -> pl.DataFrame:
     """Per rollout of the groups: its final attempt as the controller recorded it (`final_attempt`,
     `status`, `group_id`, `task_id`) and when it started (`attempt_start_ns`). With `since_ns` (before every

@@ -12,13 +12,13 @@ from typing import Any
 import polars as pl
 from rich.console import Console
 
+from otel_rl.store import reads
 from otel_rl.train.config import TrainConfig
 from otel_rl.train.groups import read_groups
 from otel_rl.train.launcher import Collected, GroupLauncher
 from otel_rl.train.server_client import OnlineTrainingError, ServerClient
 
 EMPTY_ROUNDS = 3  # batches of groups in a row without a sample before the loop gives up
-WAIT_VIEW = "llm_calls"  # a view over the normalized tables the step reads
 
 
 @dataclass(frozen=True)
@@ -94,11 +94,9 @@ def group_samples(
     from otel_rl.transforms.screening import FLAGS_COLUMN
 
     started = time.perf_counter()
-    # An empty read of the normalized tables: it returns once they include the commits collecting saw,
-    # so that a wait for normalizing shows apart from the reads.
-    client.query(f"SELECT 1 FROM {WAIT_VIEW} LIMIT 0", after_commit=found.seen_through)
-    waited = time.perf_counter()
     query = partial(client.query, after_commit=found.seen_through)
+    reads.await_normalized(query)  # until the normalized tables include the commits collecting saw
+    waited = time.perf_counter()
     calls, rollouts, rewards = read_groups(query, found.groups, found.started_ns)
     if not config.algorithm.screen_flagged:
         rollouts = rollouts.drop(FLAGS_COLUMN)  # read without their flags: all kept
