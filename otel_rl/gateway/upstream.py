@@ -9,6 +9,7 @@ import codecs
 from dataclasses import dataclass
 from typing import Any
 
+# Private module: httpx-sse 0.4.3 (pinned, requirements.lock) exports no incremental decoder publicly
 from httpx_sse._decoders import SSEDecoder, SSELineDecoder
 
 # The request fields that decide what is sampled: recorded as `otel_rl.sampling.params`.
