@@ -5,15 +5,18 @@ through the whole real path, and the recipe's metrics (docs/coding.md, "The metr
                                                environment (`otel-rl vllm setup`); $OUT/coding_smoke.json
     bench/gpu/coding_smoke.py --cpu --tiny     here: the same on vLLM's CPU build and the tiny model
 
+Not on the device tool's lent machine as it is: it has no vLLM, and vLLM's own environment (its vllm package
+alone is 517 MiB installed, the CPU build) does not travel in the tool's 64 MiB.
+
 What runs: `otel-rl tasks build mini-smith` from the pinned sdist in tests/data (offline), `otel-rl tasks
 validate` (the canaries), `otel-rl serve --model` (the gateway in front of vLLM, the store), and the online
 loop (`run_online`, the local trainer) with the recipe's algorithm: GRPO, no KL, clip-higher, the grader's
 reward only, flagged rollouts screened, an evaluation before the first step and after the last. Every attempt
 runs the coding demo's tool-calling agent (otel_rl/coding/toy_agent.py, the one harness here that needs
 neither a CLI install nor the network) in the bubblewrap sandbox, and is graded outside it. Each metric but
-the canaries' is the SQL docs/coding.md gives, over the store's views; a metric with nothing to measure is
-null with the reason. A random policy solves nothing and rarely calls a tool: the figures prove the path
-runs and reads back, not that anything is learned.
+the canaries' is the SQL docs/coding.md gives, over the store's views, scoped to the groups the run trained
+on (and its evaluations); a metric with nothing to measure is null with the reason. A random policy solves
+nothing and rarely calls a tool: the figures prove the path runs and reads back, not that anything is learned.
 """
 
 import argparse
@@ -247,7 +250,7 @@ def read_metrics(store: Path, run_id: str) -> dict[str, Any]:
         # only a harness that reports its own check has a proxy (the toy agent does: pytest in its tree)
         "proxy_true_gap": fraction(
             gap["gap"], gap["n"], "no train rollout with both a harness and a grader reward"
-        ),  # fmt: skip
+        ),
         "screened_fraction": fraction(
             steps["screened"] / steps["rollouts"] if steps["rollouts"] else None,
             int(steps["rollouts"] or 0),
