@@ -1,10 +1,11 @@
-"""Task files for the coding tests: a small git repository with history, and HumanEval problems."""
+"""Task files for the coding tests: a small git repository with history, HumanEval problems, and a mini-smith
+task."""
 
 import json
 import subprocess
 from pathlib import Path
 
-from otel_rl.coding import humaneval
+from otel_rl.coding import humaneval, minismith
 
 BUGGY = "def add(a, b):\n    return a - b\n\n\ndef mul(a, b):\n    return a * b\n"
 FIXED = "def add(a, b):\n    return a + b  # FUTURE-FIX-MARKER\n\n\ndef mul(a, b):\n    return a * b\n"
@@ -17,6 +18,10 @@ HIDDEN_TEST = (
     "def test_add_zero():\n    assert add(0, 0) == 0 and type(add(0, 0)) is int\n"
 )
 HIDDEN_MARKER = "test_add_zero"
+# The pinned more-itertools sdist, in the repository (tests/data/README.md): the builds fetch nothing.
+SDIST = Path(__file__).parent / "data" / "more_itertools-10.8.0.tar.gz"
+# This seed's first draw is in recipes.py, whose tests run in about 3 s (more.py's take 10-20 s).
+MINISMITH_SEED = 275
 
 
 def _git(repo: Path, *args: str) -> str:
@@ -80,4 +85,12 @@ def humaneval_task_file(root: Path, *, count: int, guard: bool = True) -> Path:
         )
         lines.append(json.dumps(record))
     out.write_text("\n".join(lines) + "\n")
+    return out
+
+
+def minismith_task_file(root: Path) -> Path:
+    """`root/ms.jsonl`: one mini-smith task (a bug injected into more-itertools' recipes.py), built from the
+    pinned sdist (about 13 s on a loaded 2-core machine)."""
+    out = root / "ms.jsonl"
+    minismith.build(out, seed=MINISMITH_SEED, count=1, sdist=SDIST)
     return out

@@ -3,7 +3,7 @@ the fix-mean task (examples/coding/fix-mean) as a rollout of the real controller
 `otel-rl serve` gateway, in front of a vLLM-style upstream scripted to answer with a shell tool call (the
 fix), then a final answer. Its rollout shows the calls, the tool call, the check's reward, the CLI's own
 telemetry and samples with the exact token ids the upstream returned; Codex and Claude Code also run on real
-vLLM with the tiny model."""
+vLLM with the tiny model, and in the coding sandbox on a mini-smith task, graded outside it."""
 
 import json
 import shutil
@@ -17,7 +17,7 @@ import httpx
 import polars as pl
 import pytest
 from captures.cli_upstreams import CodingScript
-from coding_tasks import calc_task_file
+from coding_tasks import calc_task_file, minismith_task_file
 from fake_vllm import FakeVLLM, render_chat, tokenize
 from otel_rl_server import ServerProcess
 from typer.testing import CliRunner
@@ -305,16 +305,18 @@ FETCH_AND_FIX = (
 
 
 def sandboxed_rollout(
-    server: ServerProcess, cli_name: str, tmp_path: Path
+    server: ServerProcess, cli_name: str, tmp_path: Path, task_file: Path
 ) -> tuple[Rollout, RolloutStatus, str]:
-    """One rollout of `otel-rl harness <cli>` on the calc task in the coding sandbox, graded by the grader."""
+    """One rollout of `otel-rl harness <cli>` on the file's (first) task in the coding sandbox, graded by the
+    grader."""
     cli = CLIS[cli_name]
     install(cli)
-    task_set = load_tasks(calc_task_file(tmp_path))
+    task_set = load_tasks(task_file)
+    instance_id = task_set.tasks[0].instance_id
     client = ServerClient(server.http_url, server.token)
     launcher = CodingLauncher(
         task_set, admin_token=server.token, post_reward=client.post_reward, limits=SANDBOX_LIMITS,
-        grader_limits=sandbox.Limits(wall_seconds=120), binds=[install_dir(cli), ROOT / "otel_rl"],
+        grader_limits=sandbox.Limits(wall_seconds=180), binds=[install_dir(cli), ROOT / "otel_rl"],
     )  # fmt: skip
     settings = ControllerSettings(
         command=[str(OTEL_RL), "harness", cli_name], timeout_s=600, max_attempts=1, log_dir=tmp_path / "logs",
@@ -324,7 +326,7 @@ def sandboxed_rollout(
         settings, otlp_endpoint=server.http_url, openai_base_url=f"{server.http_url}/v1", token=server.token,
         issue_key=client.issue_rollout_key, revoke_key=client.revoke_rollout_key, launcher=launcher,
     )  # fmt: skip
-    rollout = Rollout(new_id(), new_id(), "calc-1", {"instance_id": "calc-1"})
+    rollout = Rollout(new_id(), new_id(), instance_id, {"instance_id": instance_id})
     try:
         [result] = controller.run([rollout])
     finally:
@@ -348,7 +350,7 @@ def test_a_cli_in_the_coding_sandbox_fetching_the_fix_is_denied_flagged_and_grad
     gateway, script, cli_name, tmp_path, monkeypatch
 ):
     monkeypatch.setattr(script, "command", FETCH_AND_FIX)
-    rollout, status, log = sandboxed_rollout(gateway, cli_name, tmp_path)
+    rollout, status, log = sandboxed_rollout(gateway, cli_name, tmp_path, calc_task_file(tmp_path))
     assert status is RolloutStatus.OK and "graded outside the sandbox" in log, log[-5000:]
     rid = rollout.rollout_id
     # The CLI ran the tool call in the sandbox: the fix landed (the grader's 1), the fetch did not.
@@ -364,23 +366,41 @@ def test_a_cli_in_the_coding_sandbox_fetching_the_fix_is_denied_flagged_and_grad
     assert "network_denied" in flags["detectors"]
 
 
+@pytest.fixture(scope="module")
+def minismith_tasks(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One mini-smith task (a bug injected into more-itertools), built once for both CLIs."""
+    return minismith_task_file(tmp_path_factory.mktemp("minismith"))
+
+
 @pytest.mark.parametrize("cli_name", ["codex", "claude-code"])
 def test_a_cli_in_the_coding_sandbox_on_real_vllm_is_graded_and_reaches_only_the_gateway(
-    vllm_gateway, cli_name, tmp_path
+    vllm_gateway, minismith_tasks, cli_name, tmp_path
 ):
-    rollout, status, log = sandboxed_rollout(vllm_gateway, cli_name, tmp_path)
+    rollout, status, log = sandboxed_rollout(vllm_gateway, cli_name, tmp_path, minismith_tasks)
     # the tiny model writes garbage: the CLI ends its turn (or gives up on an answer cut at the cap)
     assert status in {RolloutStatus.OK, RolloutStatus.ERROR}, log[-5000:]
     assert "graded outside the sandbox" in log, log[-5000:]
     rid = rollout.rollout_id
+    [span] = wait_for(
+        vllm_gateway,
+        "SELECT attributes ->> 'otel_rl.coding.instance_id' AS instance,"
+        " attributes ->> 'otel_rl.sandbox.mode' AS mode"
+        " FROM spans WHERE scope_name = 'otel_rl.controller' AND name = 'otel_rl.rollout'"
+        f" AND attributes ->> 'otel_rl.rollout.id' = '{rid}'",
+        1,
+    )
+    assert span == {"instance": load_tasks(minismith_tasks).tasks[0].instance_id, "mode": "bubblewrap"}
 
-    # The grader, outside the sandbox, graded the workspace: garbage fixes nothing.
+    # The grader, outside the sandbox, ran the hidden tests on the workspace: garbage fixes nothing.
     rewards = wait_for(vllm_gateway, f"SELECT value, source FROM rewards WHERE rollout_id = '{rid}'", 1)
     assert [(r["value"], r["source"]) for r in rewards] == [(0.0, "grader")]
-    # The CLI reached nothing but the gateway and the collector: the recipes turn off the CLIs' own vendor
-    # traffic (Codex 0.171 looks up github.com, api.github.com and chatgpt.com for its plugins otherwise),
-    # which the sandbox's network would deny and record, flagging every rollout.
+    # The CLI tried to reach nothing but the gateway and the collector: the sandbox's network records every
+    # other attempt (a DNS name, another address or loopback port) and found none. The recipes turn off the
+    # CLIs' own vendor traffic (Codex 0.171 looks up github.com, api.github.com and chatgpt.com for its
+    # plugins otherwise; Claude Code its update and statsig hosts). A denied attempt in the same views is the
+    # scripted upstream's fetch (the test above): the tiny model's garbage asks for none.
     assert denied_connects(vllm_gateway, rid) == 0
+    assert not rows(vllm_gateway, f"SELECT * FROM detect_network_denied WHERE rollout_id = '{rid}'")
 
     # The CLI's calls went through the forwarded gateway port, with the ids vLLM sampled.
     calls = wait_for(
