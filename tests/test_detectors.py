@@ -308,8 +308,13 @@ def fill(server: ServerProcess) -> ServerProcess:
     return server
 
 
+# Flagged by the screening tests sharing this server: left out, so fill()'s flags are exact in any order
+SCREENING_TESTS_FLAGS = "('s-hacked', 'm-hacked', 'sft-hacked')"
+
+
 def flags(server: ServerProcess, expected: int) -> dict[str, set[str]]:
-    rows = until(server, "SELECT rollout_id, detectors FROM hack_flags", expected)
+    sql = f"SELECT rollout_id, detectors FROM hack_flags WHERE rollout_id NOT IN {SCREENING_TESTS_FLAGS}"
+    rows = until(server, sql, expected)
     return {row["rollout_id"]: set(row["detectors"]) for row in rows}
 
 
