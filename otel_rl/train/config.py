@@ -150,6 +150,9 @@ class TrainConfig(_Section):
     backend: Literal["local", "verl"] = "local"
     # backend verl: data-parallel ranks over all nodes (verl's nnodes × n_gpus_per_node; verl/world.py)
     world_size: int = Field(1, ge=1)
+    # backend verl: the Ray cluster the ranks run on, its head's host:port (`ray start --head`); unset, the
+    # RAY_ADDRESS environment variable, else Ray on this machine (verl/world.py, docs/verl.md)
+    ray_address: str | None = None
     # backend verl: verl's own keys, merged over the config otel-rl composes from verl's ppo_trainer.yaml
     verl: dict[str, Any] = {}
     server: ServerSettings = ServerSettings()
@@ -179,9 +182,14 @@ class TrainConfig(_Section):
                 raise ValueError("verl: settings for verl's engine need `backend: verl`")
             if self.world_size > 1:
                 raise ValueError("world_size: several ranks need `backend: verl`")
+            if self.ray_address is not None:
+                raise ValueError("ray_address: a Ray cluster runs verl's workers; it needs `backend: verl`")
             return self
         from otel_rl.train.verl.config import check_overrides
-        from otel_rl.train.verl.world import check_world_size
+        from otel_rl.train.verl.world import check_ray_address, check_world_size
+
+        if self.ray_address is not None:
+            check_ray_address(self.ray_address)
 
         if "world_size" in self.model_fields_set and "n_gpus_per_node" in self._verl_shape():
             raise ValueError(
@@ -195,6 +203,7 @@ class TrainConfig(_Section):
             nnodes * shape["n_gpus_per_node"] if "n_gpus_per_node" in shape else self.world_size,
             nnodes,
             self.device,
+            self.ray_address,
         )
         return self
 

@@ -31,6 +31,7 @@ from otel_rl.train.correction import served_policy_correction, warn_on_mismatch
 from otel_rl.train.trainer import RL_BATCH_KEYS
 from otel_rl.train.verl.config import compose_config
 from otel_rl.train.verl.platform import worker_env
+from otel_rl.train.verl.world import check_cluster_holds, check_ray_answers, ray_cluster
 
 CHECKPOINT_DIR = "verl_checkpoint"  # verl's sharded model, optimizer and scheduler state, beside the weights
 # What goes to the workers: verl's names; the rest of a batch (uids, rewards, scores) stays here.
@@ -39,29 +40,20 @@ _WORKER_KEYS = ("prompts", "responses", "input_ids", "attention_mask", "position
 
 class VerlTrainer:
     """A TrainerBackend whose updates run in verl's ActorRolloutRefWorker (worker.py: role "actor", plus a
-    reference group when `algorithm.kl_coef > 0`), on a Ray cluster this object starts and stops."""
+    reference group when `algorithm.kl_coef > 0`), on Ray this object starts and stops, or on the Ray
+    cluster of `ray_address` (or RAY_ADDRESS), which it joins and leaves."""
 
     def __init__(self, config: TrainConfig):
-        import ray
-
         self.config = config
         self.verl_config = compose_config(config.verl_settings(), config.verl)
-        self.tokenizer = AutoTokenizer.from_pretrained(config.model)
-        self.pad_token_id = self.tokenizer.pad_token_id
         self._workdir = Path(tempfile.mkdtemp(prefix="otel-rl-verl-"))
         self._saved: Path | None = None  # the checkpoint of the last save(), until save_state takes it
         self.steps_done = 0
         started = time.perf_counter()
-        if os.environ.get("RAY_ADDRESS"):
-            ray.init(log_to_driver=False)  # a cluster someone started (docs/verl.md): joined, not owned
-        else:
-            ray.init(
-                num_cpus=self.world_size * self._groups(),
-                include_dashboard=False,
-                _temp_dir=str(self._workdir / "ray"),
-                log_to_driver=False,
-            )
         try:
+            self._start_ray()  # first: a cluster that does not answer or cannot hold the ranks stops here
+            self.tokenizer = AutoTokenizer.from_pretrained(config.model)
+            self.pad_token_id = self.tokenizer.pad_token_id
             self._pool = self._resource_pool()
             self.actor = self._worker_group("actor")
             reference = config.algorithm.kl_coef > 0
@@ -73,6 +65,30 @@ class VerlTrainer:
             self.close()
             raise
         self.startup_s = time.perf_counter() - started  # Ray and the workers' model load, reported by bench/
+
+    def _start_ray(self) -> None:
+        """Join the Ray cluster of `ray_address` (else RAY_ADDRESS) once it answers and holds the ranks
+        (world.py), or start Ray on this machine: a CPU a worker, no dashboard, a temp folder of its own."""
+        import ray
+
+        cluster = ray_cluster(self.config.ray_address)
+        if cluster is None:
+            ray.init(
+                num_cpus=self.world_size * self._groups(),
+                include_dashboard=False,
+                _temp_dir=str(self._workdir / "ray"),
+                log_to_driver=False,
+            )
+            return
+        address, name = cluster
+        check_ray_answers(address, name)
+        try:
+            ray.init(address=address, log_to_driver=False)  # a cluster someone started: joined, not owned
+        except ConnectionError as error:  # something answered gRPC there, but not a Ray head
+            raise ValueError(f"{name}: no Ray cluster answers at {address} ({error})") from None
+        trainer = self.verl_config.trainer
+        nnodes, per_node = int(trainer.nnodes), int(trainer.n_gpus_per_node)
+        check_cluster_holds(ray.nodes(), name, address, nnodes, per_node, self.config.device, self._groups())
 
     def _single_epoch_loss(self) -> Any:
         from verl.utils.config import omega_conf_to_dataclass
@@ -279,7 +295,8 @@ class VerlTrainer:
         self.steps_done = int((source / "steps_done").read_text()) if (source / "steps_done").exists() else 0
 
     def close(self) -> None:
-        """Stop the workers and the Ray cluster this trainer started; remove its scratch folder."""
+        """Stop the workers and the Ray this trainer started (or leave the cluster it joined); remove its
+        scratch folder."""
         import ray
 
         ray.shutdown()
