@@ -5,13 +5,12 @@ from __future__ import annotations
 
 import logging
 import threading
-from dataclasses import dataclass
 from datetime import UTC, date, datetime, timedelta
+from typing import TYPE_CHECKING, Annotated
 
 import duckdb
 from anyio import to_thread
-from fastapi import APIRouter, Depends, HTTPException
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_validator
 
 from otel_rl.auth import Auth, admin_required
 from otel_rl.store import Store
@@ -24,6 +23,9 @@ from otel_rl.store.retention import (
     PolicyError,
     parse_size,
 )
+
+if TYPE_CHECKING:
+    from fastapi import APIRouter
 
 log = logging.getLogger(__name__)
 
@@ -73,6 +75,9 @@ def archive_out(report: ArchiveReport) -> ArchiveOut:
 
 def archive_router(store: Store, auth: Auth) -> APIRouter:
     """The admin endpoint that runs an archive run on the server's store."""
+    # Imported here: ServeSettings holds ScheduleSettings, and every `otel-rl` command imports it
+    from fastapi import APIRouter, Depends, HTTPException
+
     router = APIRouter(tags=["archive"])
 
     @router.post(
@@ -94,26 +99,36 @@ def archive_router(store: Store, auth: Auth) -> APIRouter:
     return router
 
 
-@dataclass(frozen=True)
-class ScheduleSettings:
+def _size(value: object) -> object:
+    """A size as written (500MB, 20GiB...) in bytes; a number as it is."""
+    return parse_size(value) if isinstance(value, str) else value
+
+
+class ScheduleSettings(BaseModel):
     """`otel-rl serve`'s archive flags (None: that step is not taken)."""
 
-    archive_after_days: int | None = None
-    retain_days: int | None = None
-    retain_bytes: int | None = None
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    archive_after_days: int | None = Field(None, ge=0, le=MAX_DAYS)
+    retain_days: int | None = Field(None, ge=0, le=MAX_DAYS)
+    retain_bytes: Annotated[Annotated[int, Field(ge=1, le=MAX_BYTES)] | None, BeforeValidator(_size)] = None
+
+    @model_validator(mode="after")
+    def _possible_today(self) -> ScheduleSettings:
+        """The run made today is possible (the rule `otel-rl archive` applies: PolicyError's message)."""
+        today = datetime.now(UTC).date()
+        self.policy(today).check(today)
+        return self
 
     @classmethod
     def from_flags(
         cls, archive_after_days: int | None, retain_days: int | None, retain_bytes: str | None
     ) -> ScheduleSettings | None:
-        """The settings of the flags, checked (PolicyError); None when no flag asks for a run."""
+        """The settings of the flags (ValidationError when one cannot be used); None when no flag asks for
+        a run."""
         if archive_after_days is None and retain_days is None and retain_bytes is None:
             return None
-        size = None if retain_bytes is None else parse_size(retain_bytes)
-        settings = cls(archive_after_days, retain_days, size)
-        today = datetime.now(UTC).date()
-        settings.policy(today).check(today)
-        return settings
+        return cls(archive_after_days=archive_after_days, retain_days=retain_days, retain_bytes=retain_bytes)
 
     def policy(self, today: date) -> ArchivePolicy:
         """The run to make today."""

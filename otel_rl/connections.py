@@ -12,6 +12,8 @@ import time
 from collections import Counter
 from dataclasses import dataclass, field
 
+from pydantic import BaseModel, ConfigDict, Field
+
 log = logging.getLogger(__name__)
 
 # In the scope of a request whose connection the server closed for its slowness: why (read_body logs it)
@@ -19,15 +21,16 @@ CUT_REASON = "otel_rl.connection_cut"
 REFUSAL_LOG_INTERVAL_S = 10.0  # refused connections are logged as one count per interval, not one line each
 
 
-@dataclass(frozen=True)
-class ConnectionLimits:
+class ConnectionLimits(BaseModel):
     """What one client, and all clients together, may hold of the HTTP port (docs/security.md)."""
 
-    max_connections: int = 4096
-    max_connections_per_client: int = 512
-    header_timeout_s: float = 10.0
-    body_timeout_s: float = 30.0
-    max_header_bytes: int = 64 * 1024
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    max_connections: int = Field(4096, ge=1)
+    max_connections_per_client: int = Field(512, ge=1)
+    header_timeout_s: float = Field(10.0, gt=0)
+    body_timeout_s: float = Field(30.0, gt=0)
+    max_header_bytes: int = Field(64 * 1024, ge=1)
 
 
 def descriptor_budget(max_connections: int, *, share: int = 2) -> int:

@@ -2,7 +2,6 @@
 
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
 from typing import Annotated
 
 import anyio
@@ -10,7 +9,16 @@ import polars as pl
 import pyarrow as pa
 from anyio import from_thread, to_thread
 from fastapi import APIRouter, Depends, Header, HTTPException, Request, Response
-from pydantic import BaseModel, Field, StrictBool, StrictFloat, StrictInt, StrictStr, StringConstraints
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    StrictBool,
+    StrictFloat,
+    StrictInt,
+    StrictStr,
+    StringConstraints,
+)
 
 from otel_rl.auth import Auth, admin_required
 from otel_rl.query import SEEN_THROUGH_HEADER
@@ -64,13 +72,14 @@ class QueryIn(BaseModel):
     )
 
 
-@dataclass(frozen=True)
-class QueryLimits:
+class QueryLimits(BaseModel):
     """What one query may take: time, result size, and how many run at once."""
 
-    timeout_s: float = 10.0
-    max_result_bytes: int = 256 * 1024 * 1024
-    max_concurrent: int = 4
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    timeout_s: float = Field(10.0, gt=0)
+    max_result_bytes: int = Field(256 * 1024 * 1024, ge=1)
+    max_concurrent: int = Field(4, ge=1)
 
 
 class QuerySlots:

@@ -5,6 +5,7 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
+from otel_rl.archive_api import ScheduleSettings
 from otel_rl.auth import DEFAULT_KEY_LIFETIME_S
 from otel_rl.connections import ConnectionLimits
 from otel_rl.server import ServeSettings, create_app, uvicorn_config, uvicorn_server
@@ -14,6 +15,8 @@ if TYPE_CHECKING:
     from pydantic import ValidationError
 
     from otel_rl.gateway.limits import RequestLimits
+
+CONNECTIONS = ConnectionLimits()  # the defaults of its flags
 
 
 def serve(
@@ -165,27 +168,26 @@ def serve(
             min=1,
             help="HTTP connections open at once; more are answered 503 (at most half the open-file limit)",
         ),
-    ] = ConnectionLimits.max_connections,
+    ] = CONNECTIONS.max_connections,
     max_connections_per_client: Annotated[
         int, typer.Option(min=1, help="HTTP connections one client address may hold; more are answered 503")
-    ] = ConnectionLimits.max_connections_per_client,
+    ] = CONNECTIONS.max_connections_per_client,
     header_timeout: Annotated[
         float, typer.Option(min=0.001, help="Seconds a client has to send a request's headers (else 408)")
-    ] = ConnectionLimits.header_timeout_s,
+    ] = CONNECTIONS.header_timeout_s,
     body_timeout: Annotated[
         float,
         typer.Option(min=0.001, help="Seconds a request body may go without a byte before it is dropped"),
-    ] = ConnectionLimits.body_timeout_s,
+    ] = CONNECTIONS.body_timeout_s,
     shutdown_timeout: Annotated[
         float,
         typer.Option(min=0.0, help="Seconds after SIGTERM/SIGINT that requests in flight may take to finish"),
     ] = 10.0,
 ) -> None:
     """Run the server: OTLP receivers (HTTP and gRPC), the SQL query API and rewards, over one DuckDB file."""
+    from pydantic import ValidationError
     from rich.console import Console
 
-    from otel_rl.archive_api import ScheduleSettings
-    from otel_rl.store.retention import PolicyError
     from otel_rl.ui.link import web_view_line
 
     if max_model_len is not None and model is None:  # it sizes the local vLLM only
@@ -195,47 +197,44 @@ def serve(
     if model is None and (replicas != 1 or vllm_arg):
         flag = "--replicas" if replicas != 1 else "--vllm-arg"
         raise typer.BadParameter("needs --model: it sets up the vLLM started for it", param_hint=flag)
-    try:  # before the store opens
-        archive = ScheduleSettings.from_flags(archive_after_days, retain_days, retain_bytes)
-    except PolicyError as error:
-        raise typer.BadParameter(str(error)) from None
-    settings = ServeSettings(
-        db=db or default_db(),
-        host=host,
-        http_port=http_port,
-        grpc_port=grpc_port,
-        token=token,
-        token_file=token_file,
-        public_docs=public_docs,
-        public_metrics=public_metrics,
-        query_timeout_s=query_timeout,
-        query_max_bytes=query_max_bytes,
-        query_concurrency=query_concurrency,
-        model=model,
-        lora_rank=lora_rank,
-        max_model_len=max_model_len,
-        replicas=replicas,
-        vllm_args=tuple(vllm_arg or ()),
-        vllm=tuple(vllm or ()),
-        forward_otlp=forward_otlp,
-        split_sampling=_json_option("--split-sampling", split_sampling),
-        request_limits=_request_limits(request_limits),
-        upstream_timeout_s=upstream_timeout,
-        drain_timeout_s=drain_timeout,
-        colocated=colocated,
-        tokenizer=tokenizer,
-        archive=archive,
-        rollout_key_lifetime_s=rollout_key_lifetime,
-        connections=ConnectionLimits(
-            max_connections=max_connections,
-            max_connections_per_client=max_connections_per_client,
-            header_timeout_s=header_timeout,
-            body_timeout_s=body_timeout,
-        ),
-        shutdown_timeout_s=shutdown_timeout,
-    )
-    from pydantic import ValidationError
-
+    try:  # checked before the store opens
+        settings = ServeSettings(
+            db=db or default_db(),
+            host=host,
+            http_port=http_port,
+            grpc_port=grpc_port,
+            token=token,
+            token_file=token_file,
+            public_docs=public_docs,
+            public_metrics=public_metrics,
+            query_timeout_s=query_timeout,
+            query_max_bytes=query_max_bytes,
+            query_concurrency=query_concurrency,
+            model=model,
+            lora_rank=lora_rank,
+            max_model_len=max_model_len,
+            replicas=replicas,
+            vllm_args=tuple(vllm_arg or ()),
+            vllm=tuple(vllm or ()),
+            forward_otlp=forward_otlp,
+            split_sampling=_json_option("--split-sampling", split_sampling),
+            request_limits=_request_limits(request_limits),
+            upstream_timeout_s=upstream_timeout,
+            drain_timeout_s=drain_timeout,
+            colocated=colocated,
+            tokenizer=tokenizer,
+            archive=ScheduleSettings.from_flags(archive_after_days, retain_days, retain_bytes),
+            rollout_key_lifetime_s=rollout_key_lifetime,
+            connections=ConnectionLimits(
+                max_connections=max_connections,
+                max_connections_per_client=max_connections_per_client,
+                header_timeout_s=header_timeout,
+                body_timeout_s=body_timeout,
+            ),
+            shutdown_timeout_s=shutdown_timeout,
+        )
+    except ValidationError as error:
+        raise typer.BadParameter(_problems(error, flags=True)) from None
     from otel_rl.gateway.vllm_env import VLLMEnvironmentMissing
     from otel_rl.store.wal import StoreDamaged
 
@@ -282,11 +281,21 @@ def _request_limits(value: str | None) -> "RequestLimits | None":
         raise typer.BadParameter(_problems(error), param_hint="--request-limits") from None
 
 
-def _problems(error: "ValidationError") -> str:
-    """Each problem of a settings object, on one line: `field: what is wrong`."""
-    return "; ".join(
-        f"{'.'.join(map(str, e['loc']))}: {e['msg'].removeprefix('Value error, ')}" for e in error.errors()
-    )
+def _problems(error: "ValidationError", *, flags: bool = False) -> str:
+    """Each problem of a settings object, on one line: `field: what is wrong`; with `flags`, the field is
+    named by its flag (_flag). A problem of the whole object (no field) is its message alone."""
+    lines = []
+    for problem in error.errors():
+        loc, message = problem["loc"], problem["msg"].removeprefix("Value error, ")
+        field = (_flag(loc) if flags else ".".join(map(str, loc))) if loc else ""
+        lines.append(f"{field}: {message}" if field else message)
+    return "; ".join(lines)
+
+
+def _flag(loc: tuple) -> str:
+    """The flag that sets a ServeSettings field (or a field of the settings it holds): the field's name in
+    dashes, without the unit suffix `_s`."""
+    return "--" + str(loc[-1]).removesuffix("_s").replace("_", "-")
 
 
 def _json_option(flag: str, value: str | None) -> dict | None:

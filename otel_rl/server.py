@@ -2,59 +2,68 @@
 
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
+from pydantic import BaseModel, ConfigDict, Field
+
+from otel_rl.archive_api import ScheduleSettings
 from otel_rl.auth import DEFAULT_KEY_LIFETIME_S
 from otel_rl.connections import ConnectionLimits
+from otel_rl.gateway.limits import RequestLimits
 from otel_rl.store.connection import default_db
 
 if TYPE_CHECKING:
     from rich.console import Console
 
-    from otel_rl.archive_api import ScheduleSettings
-    from otel_rl.gateway.limits import RequestLimits
+Port = Annotated[int, Field(ge=0, le=65535)]  # 0: any free port
 
 
-@dataclass
-class ServeSettings:
+class ServeSettings(BaseModel):
     """Everything `otel-rl serve` is configured with (flags, else environment variables, else defaults)."""
 
-    db: Path = field(default_factory=default_db)
+    model_config = ConfigDict(extra="forbid")
+
+    db: Path = Field(default_factory=default_db)
     host: str = "127.0.0.1"
-    http_port: int = 4318
-    grpc_port: int | None = 4317  # None: no gRPC receiver
+    http_port: Port = 4318
+    grpc_port: Port | None = 4317  # None: no gRPC receiver
     token: str | None = (
         None  # None: token_file, else OTEL_RL_TOKEN(_FILE), else .otel_rl/token, else a new one
     )
     token_file: Path | None = None
     public_docs: bool = False  # /docs, /redoc and /openapi.json without the admin token
     public_metrics: bool = False  # /metrics without the admin token
-    query_timeout_s: float = 10.0
-    query_max_bytes: int = 256 * 1024 * 1024
-    query_concurrency: int = 4
-    max_body_bytes: int = 64 * 1024 * 1024
+    query_timeout_s: float = Field(10.0, gt=0)
+    query_max_bytes: int = Field(256 * 1024 * 1024, ge=1)
+    query_concurrency: int = Field(4, ge=1)
+    max_body_bytes: int = Field(64 * 1024 * 1024, ge=1)
     # Gateway (docs/gateway.md): a local vLLM started for this model folder, and/or running vLLM servers.
     model: Path | None = None
-    lora_rank: int | None = None  # the local vLLM loads LoRA adapters up to this rank (`lora_adapter`)
-    max_model_len: int | None = None  # the local vLLM's context, in tokens; None: what the model declares
-    replicas: int = 1  # local vLLM servers of `model`, each on its own devices (gateway/vllm_replicas.py)
+    # the local vLLM loads LoRA adapters up to this rank (`lora_adapter`)
+    lora_rank: int | None = Field(None, ge=1)
+    # the local vLLM's context, in tokens; None: what the model declares
+    max_model_len: int | None = Field(None, ge=1)
+    # local vLLM servers of `model`, each on its own devices (gateway/vllm_replicas.py)
+    replicas: int = Field(1, ge=1)
     vllm_args: tuple[str, ...] = ()  # vLLM's own flags for the local servers, checked by vLLM's parser
     vllm: tuple[str, ...] = ()
     forward_otlp: str | None = None  # also send the gateway's spans to this OTLP/HTTP traces endpoint
     split_sampling: dict | None = None  # {"train": {...}, "val": {...}}; None: the gateway's defaults
-    request_limits: "RequestLimits | None" = None  # what one model call may ask for; None: the defaults
-    upstream_timeout_s: float = 600.0  # one model call through the gateway
-    drain_timeout_s: float = 30.0  # how long a reload lets calls in flight finish before aborting them
+    request_limits: RequestLimits | None = None  # what one model call may ask for; None: the defaults
+    upstream_timeout_s: float = Field(600.0, gt=0)  # one model call through the gateway
+    # how long a reload lets calls in flight finish before aborting them
+    drain_timeout_s: float = Field(30.0, ge=0)
     # Rollouts and training on the same devices: the servers sleep while the trainer updates (colocated.py)
     colocated: bool = False
     tokenizer: Path | None = None  # the model folder whose tokenizer decodes tokens in /ui; default: model
-    archive: "ScheduleSettings | None" = None  # an archive run at start, then hourly; None: no run
-    rollout_key_lifetime_s: float = DEFAULT_KEY_LIFETIME_S  # a rollout key is refused this long after issue
+    archive: ScheduleSettings | None = None  # an archive run at start, then hourly; None: no run
+    # a rollout key is refused this long after issue
+    rollout_key_lifetime_s: float = Field(DEFAULT_KEY_LIFETIME_S, gt=0)
     # The HTTP port's caps and read deadlines (otel_rl/connections.py, docs/security.md#availability)
-    connections: ConnectionLimits = field(default_factory=ConnectionLimits)
-    shutdown_timeout_s: float = 10.0  # after SIGTERM, how long requests in flight may take to finish
+    connections: ConnectionLimits = Field(default_factory=ConnectionLimits)
+    # after SIGTERM, how long requests in flight may take to finish
+    shutdown_timeout_s: float = Field(10.0, ge=0)
 
 
 def create_app(settings: ServeSettings):  # noqa: ANN201 - FastAPI, imported lazily to keep the CLI fast

@@ -12,7 +12,6 @@ import sys
 import sysconfig
 import tarfile
 from collections.abc import Iterator
-from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -136,7 +135,7 @@ def test_a_coding_job_runs_the_sandbox_launcher_with_nothing_of_the_graders_side
     options = dict(pairs)
     assert options["--snapshot"] == f"{kube_coding.MOUNT}/{kube_coding.SNAPSHOT_KEY}"
     assert options["--report"] == container["terminationMessagePath"] == kube_coding.REPORT
-    assert json.loads(options["--limits"]) == asdict(LIMITS) and options["--mode"] == "bubblewrap"
+    assert json.loads(options["--limits"]) == LIMITS.model_dump() and options["--mode"] == "bubblewrap"
     assert [value for flag, value in pairs if flag == "--bind"] == [str(HARNESS.parent.resolve()), SITE]
     agent_side = json.loads(command[split + 3])  # the harness's own argv after the launcher's, {task} filled
     assert command[split + 1 : split + 3] == harness[:2]

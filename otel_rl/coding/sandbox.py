@@ -17,6 +17,8 @@ from functools import cache
 from pathlib import Path
 from typing import Literal
 
+from pydantic import BaseModel, ConfigDict, Field
+
 from otel_rl.coding.forward import Denied, network
 
 WORKSPACE = "/workspace"
@@ -31,15 +33,16 @@ class SandboxError(RuntimeError):
     """The sandbox cannot start here; the message says what is missing and how to enable it."""
 
 
-@dataclass(frozen=True)
-class Limits:
+class Limits(BaseModel):
     """Resource limits of one sandboxed command (rlimits inside the namespaces, and a wall clock)."""
 
-    cpu_seconds: int = 600
-    memory_bytes: int = 4 << 30
-    processes: int = 256
-    file_bytes: int = 1 << 30
-    wall_seconds: float = 1800.0
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    cpu_seconds: int = Field(600, ge=1)
+    memory_bytes: int = Field(4 << 30, ge=1)
+    processes: int = Field(256, ge=1)
+    file_bytes: int = Field(1 << 30, ge=0)  # 0: the command writes no file
+    wall_seconds: float = Field(1800.0, gt=0)
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,7 @@ import sys
 import tempfile
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -44,7 +44,7 @@ def agent_task(task: Task) -> dict[str, str]:
 
 def sandbox_attributes(limits: sandbox.Limits, mode: sandbox.Mode) -> dict[str, str | int | float]:
     """The sandbox's mode and limits as attributes (`otel_rl.sandbox.*`)."""
-    return {attr.SANDBOX_MODE: mode} | {attr.SANDBOX_LIMITS + k: v for k, v in asdict(limits).items()}
+    return {attr.SANDBOX_MODE: mode} | {attr.SANDBOX_LIMITS + k: v for k, v in limits.model_dump().items()}
 
 
 def loopback_ports(env: Mapping[str, str]) -> tuple[int, ...]:

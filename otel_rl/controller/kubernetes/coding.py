@@ -23,7 +23,6 @@ import json
 import tarfile
 import tempfile
 from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
-from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -124,7 +123,7 @@ class KubernetesCoding:
         self.snapshot(task.instance_id)  # too large: refused before any Job exists
         pod = job["spec"]["template"]["spec"]
         harness = pod["containers"][0]
-        limits = json.dumps(asdict(self.launcher.limits), separators=(",", ":"))
+        limits = self.launcher.limits.model_dump_json()
         binds = [arg for bind in self.launcher.binds for arg in ("--bind", bind.inside)]
         harness["command"] = [
             self.python, "-m", "otel_rl.controller.kubernetes.pod", "--snapshot", f"{MOUNT}/{SNAPSHOT_KEY}",
