@@ -6,6 +6,8 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from coding_tasks import MINISMITH_SEED as SEED
+from coding_tasks import SDIST
 
 from otel_rl.coding import sandbox
 from otel_rl.coding.grader import grade
@@ -14,11 +16,6 @@ from otel_rl.coding.mutate import apply, mutant, mutations
 from otel_rl.coding.tasks import load_tasks
 from otel_rl.query import query
 
-# This seed's first draws are in recipes.py, whose tests run in about 3 s (more.py's take 10-20 s): the
-# build test stays within a minute on a loaded machine.
-SEED = 275
-# The pinned sdist itself, in the repository (tests/data/README.md): the tests fetch nothing.
-SDIST = Path(__file__).parent / "data" / "more_itertools-10.8.0.tar.gz"
 LIMITS = sandbox.Limits(cpu_seconds=120, wall_seconds=180.0)
 
 
