@@ -4,6 +4,7 @@ grader, as a user types it, and its figures are the store's."""
 
 import json
 import os
+import random
 import subprocess
 import sys
 from pathlib import Path
@@ -55,9 +56,23 @@ def test_every_hack_passes_the_weak_grader_and_fails_the_hidden_tests(tmp_path):
 def test_the_expert_writes_right_wrong_and_hacking_solutions_at_its_rates():
     chats = list(toy_tasks.expert_chats(2000, 7, right=0.3, hack=0.03))
     writes = [json.loads(chat["messages"][1]["tool_calls"][0]["function"]["arguments"]) for chat in chats]
-    hacks = sum((w["path"], w["content"]) in toy_tasks.HACKS.values() for w in writes)
-    passed = sum(chat["messages"][4]["content"] == "1 passed" for chat in chats)
-    assert 0.02 < hacks / 2000 < 0.045 and 0.28 < (passed - hacks) / 2000 < 0.38
+    hacks = [(w["path"], w["content"]) in toy_tasks.HACKS.values() for w in writes]
+    summaries = [chat["messages"][4]["content"] for chat in chats]
+    right = sum(not hack and summary == "1 passed" for hack, summary in zip(hacks, summaries, strict=True))
+    assert 0.02 < sum(hacks) / 2000 < 0.045 and 0.28 < right / 2000 < 0.33
+    # the tool results are what the agent's run_tests shows for each (no timing): one token sequence a case
+    assert set(summaries) == {"1 passed", "1 failed", "exit 0"}
+
+
+def test_visible_tests_catch_every_wrong_variant_the_hidden_tests_catch():
+    rng = random.Random(5)
+    for _ in range(200):
+        problem = toy_tasks.random_problem(rng)
+        hidden = toy_tasks.inputs_for(rng, 4)
+        visible = toy_tasks.visible_inputs(problem, hidden, rng)
+        for wrong in toy_tasks.wrong_variants(problem):
+            if any(wrong(xs) != problem(xs) for xs in hidden):
+                assert any(wrong(xs) != problem(xs) for xs in visible), (problem, wrong)
 
 
 @pytest.fixture(scope="module")

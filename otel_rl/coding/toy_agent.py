@@ -20,6 +20,7 @@ MAX_TOKENS = 96
 MAX_FILE_BYTES = 4096  # a write larger than this is refused (the toy functions are a few lines)
 TESTS_TIMEOUT_S = 30
 TOOL_CALL = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL)
+TIMING = re.compile(r" in [0-9.]+s$")  # pytest's "1 passed in 0.02s": the time is noise to the model
 WORKSPACE = Path.cwd()
 
 
@@ -41,7 +42,8 @@ TOOLS = [
 
 
 def run_tests() -> tuple[bool, str]:
-    """pytest in the agent's own tree: (exit status 0, the summary line)."""
+    """pytest in the agent's own tree: (exit status 0, the summary line without its timing, as the fine-tuning
+    transcripts show it)."""
     env = {**os.environ, "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"}
     try:
         done = subprocess.run(
@@ -51,7 +53,8 @@ def run_tests() -> tuple[bool, str]:
     except subprocess.TimeoutExpired:
         return False, "timeout"
     lines = done.stdout.strip().splitlines()
-    return done.returncode == 0, (lines[-1] if lines else f"exit {done.returncode}")[:200]
+    summary = TIMING.sub("", lines[-1]) if lines else f"exit {done.returncode}"
+    return done.returncode == 0, summary[:200]
 
 
 def write_file(arguments: dict) -> str:
