@@ -10,6 +10,7 @@ starts a worker, with an error that names the setting, the address and what the 
 import os
 import shutil
 import socket
+import subprocess
 import tempfile
 import time
 from collections.abc import Iterator
@@ -18,6 +19,8 @@ from pathlib import Path
 import pytest
 import ray
 import torch
+import yaml
+from otel_rl_server import OTEL_RL
 from ray.cluster_utils import Cluster
 from test_train_verl import rows, served_batch, settings
 from test_verl_world_size import COMPARED, RELATIVE, weights
@@ -199,3 +202,18 @@ def test_the_setting_needs_the_verl_backend_and_a_host_and_port(tiny_model_dir):
     # with a cluster named, nnodes above 1 is accepted when read (this machine holds one node's share)
     config = config_from_dict(on_cluster(tiny_model_dir, "ray://10.0.0.1:10001", 4))
     assert config.ray_address == "ray://10.0.0.1:10001"
+
+
+def test_otel_rl_train_refuses_a_dead_cluster_before_it_starts_anything(tiny_model_dir, tmp_path):
+    address = f"127.0.0.1:{closed_port()}"
+    output = tmp_path / "run"
+    config = tmp_path / "train.yaml"
+    config.write_text(yaml.safe_dump(on_cluster(tiny_model_dir, address, 2, output_dir=str(output))))
+    done = subprocess.run(
+        [str(OTEL_RL), "train", "-c", str(config)], capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert f"error: ray_address: no Ray cluster answers at {address} (Connection refused)" in " ".join(
+        done.stdout.split()
+    )
+    assert not output.exists()  # no run folder, no trainer process, no server

@@ -59,6 +59,11 @@ def train_command(
     overrides = {"offline": {key: value for key, value in flags.items() if value is not None}}
     try:
         settings = load_config(config, overrides)
+        if settings.backend == "verl":  # a cluster that does not answer stops the run before anything starts
+            from otel_rl.train.verl.world import check_ray_answers, ray_cluster
+
+            if cluster := ray_cluster(settings.ray_address):
+                check_ray_answers(*cluster)
         if offline:
             from otel_rl.train.offline import offline_rl
 
