@@ -32,7 +32,6 @@ from pathlib import Path
 
 import httpx
 import numpy as np
-import polars as pl
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
 from opentelemetry.proto.trace.v1.trace_pb2 import Span
@@ -153,10 +152,12 @@ class Traffic:
             self.send("/v1/traces", calls_request(rollouts, turn, version))
 
     def finish(self, rollouts: list[Rollout]) -> None:
-        self.send("/v1/traces", status_request(rollouts))
+        # the grader's reward first, then the status span: a controller posts its grade before it ends the
+        # attempt's span (controller/coding.py), and a step waits for the commit of that span
         for rollout in rollouts:
             reward = RewardIn(rollout_id=rollout.id, value=rollout.reward, source="grader")
             self.send("/v1/logs", reward_log_request(reward, now_ns=time.time_ns()))
+        self.send("/v1/traces", status_request(rollouts))
 
 
 def step_groups(rng: np.random.Generator, step: int, args: argparse.Namespace) -> list[Rollout]:
@@ -200,15 +201,8 @@ def timed_step(
     attempts = sorted(r.identity[attr.ATTEMPT_ID] for r in rollouts)
     since = min(r.start_ns for r in rollouts) - 5 * 10**9
     started = time.perf_counter()
-    seen_through: list[int] = []
-
-    def poll(sql: str, params: reads.Params | None) -> pl.DataFrame:
-        frame, through = client.query_seen(sql, params)
-        seen_through.append(through)
-        return frame
-
-    reads.attempt_progress(poll, attempts, since)  # as await_in_store polls
-    seen = seen_through[0]
+    # as await_in_store polls: the step waits for its attempts' newest span, not for the newest commit
+    seen = int(reads.attempt_progress(client.query, attempts, since)["commit_seq"].max())
     cpu_polled = server_cpu()
     polled = time.perf_counter()
     wait_for_rounds(client, seen)

@@ -71,13 +71,15 @@ def vouched(**named: object) -> dict[str, object]:
 
 def attempt_progress(run: Run, attempt_ids: Sequence[str], since_ns: int) -> pl.DataFrame:
     """Per attempt (all started at `since_ns` or later): whether its controller status span arrived
-    (`finished`), and its oldest call's `policy_version`. The time bound lets DuckDB skip older row groups:
-    without it every poll parsed every stored call's attributes."""
+    (`finished`), its oldest call's `policy_version`, and the newest commit of its status and call spans
+    (`commit_seq`: a read of its normalized rows waits for that commit, not for the ones other rollouts made
+    since). The time bound lets DuckDB skip older row groups: without it every poll parsed every stored
+    call's attributes."""
     sql = (
         "SELECT attempt_id,"
         " bool_or(scope_name = ?) AS finished,"
         f" min(TRY_CAST(attributes ->> '{attr.POLICY_VERSION}' AS INTEGER))"
-        " FILTER (WHERE scope_name = ?) AS policy_version"
+        " FILTER (WHERE scope_name = ?) AS policy_version, max(commit_seq) AS commit_seq"
         f" FROM spans WHERE start_time_unix_nano >= ? AND {_VOUCHED_LISTED}"
         " AND scope_name IN (?, ?)"
         f" AND {_in('attempt_id', len(attempt_ids))} GROUP BY 1"

@@ -25,7 +25,7 @@ EMPTY_ROUNDS = 3  # batches of groups in a row without a sample before the loop 
 class TransformTimes:
     """A step's transform in parts (seconds): what grows with the run shows in which part."""
 
-    wait_s: float  # until the normalized tables included the commits collecting saw
+    wait_s: float  # until the normalized tables included the groups' newest status or call span
     read_s: float  # the groups' rows, read from the store
     build_s: float  # samples built from them (build_samples)
 
@@ -88,14 +88,14 @@ def group_samples(
     config: TrainConfig, client: ServerClient, found: Collected, version: int
 ) -> tuple[pl.DataFrame, Any, TransformTimes]:
     """The samples of the groups' final attempts for an update of policy `version` (exact token ids: no
-    tokenizer needed). The normalized tables are read once they include the commits collecting saw, not
-    every one the next groups made since."""
+    tokenizer needed). The normalized tables are read once they include the groups' newest status or call
+    span (launcher.Collected.seen_through), not every commit the next groups made since."""
     from otel_rl.transforms.samples import SampleOptions, build_samples
     from otel_rl.transforms.screening import FLAGS_COLUMN
 
     started = time.perf_counter()
     query = partial(client.query, after_commit=found.seen_through)
-    reads.await_normalized(query)  # until the normalized tables include the commits collecting saw
+    reads.await_normalized(query)  # until the normalized tables include the groups' newest spans
     waited = time.perf_counter()
     calls, rollouts, rewards = read_groups(query, found.groups, found.started_ns)
     if not config.algorithm.screen_flagged:

@@ -137,12 +137,14 @@ def read_groups(
 async def await_in_store(
     client: ServerClient, results: Sequence[RolloutResult]
 ) -> tuple[dict[str, int | None], int | None]:
-    """Wait until the store has the status span of every final attempt; the groups' oldest versions, and a
-    commit those spans were written at or before (None without attempts): reads of their normalized rows
-    need wait for no later one (ServerClient.query_seen).
+    """Wait until the store has the status span of every final attempt; the groups' oldest versions, and
+    the newest commit of those attempts' status and call spans (None without attempts): reads of their
+    normalized rows wait for that commit only, not for the ones the rollouts still running made since,
+    which cost the step a normalizing round of their own (ServerClient.query's `after_commit`).
 
     The controller exports an attempt's span after its harness exited, so by then the harness's own
-    spans and rewards (exported before it exits) and the gateway's call spans are in the store too.
+    spans and rewards (exported before it exits) and a grader's reward (posted before the span ends,
+    controller/coding.py) are in the store, at earlier commits.
     """
     finals = {r.attempts[-1].attempt_id: r.rollout.group_id for r in results}
     if not finals:
@@ -150,25 +152,13 @@ async def await_in_store(
     since = min(r.attempts[-1].start_time_unix_nano for r in results) - CLOCK_SLACK_NS
     deadline = time.monotonic() + STORE_WAIT_S
     while True:
-        rows, seen = await asyncio.to_thread(_progress, client, sorted(finals), since)
+        rows = await asyncio.to_thread(reads.attempt_progress, client.query, sorted(finals), since)
         missing = set(finals) - set(rows.filter(pl.col("finished"))["attempt_id"])
         if not missing:
-            return oldest_versions(rows, finals), seen
+            return oldest_versions(rows, finals), int(rows["commit_seq"].max())
         if time.monotonic() > deadline:
             raise OnlineTrainingError(
                 f"{len(missing)} finished rollouts have no status in the store after "
                 f"{STORE_WAIT_S:.0f} s: does {client.url} receive the controller's spans?"
             )
         await asyncio.sleep(POLL_S)
-
-
-def _progress(client: ServerClient, attempt_ids: list[str], since_ns: int) -> tuple[pl.DataFrame, int]:
-    """The attempts' progress, and the commit the server read it through (ServerClient.query_seen)."""
-    seen: list[int] = []
-
-    def run(sql: str, params: reads.Params | None) -> pl.DataFrame:
-        frame, through = client.query_seen(sql, params)
-        seen.append(through)
-        return frame
-
-    return reads.attempt_progress(run, attempt_ids, since_ns), seen[0]

@@ -35,8 +35,8 @@ class Collected(NamedTuple):
 
     groups: list[str]
     stale: int  # groups dropped meanwhile, older than max_staleness
-    # When the oldest of their final attempts started, and a commit their status spans were written at or
-    # before (both None when a group was found finished at resume: its attempts are not known here).
+    # When the oldest of their final attempts started, and the newest commit of their status and call spans
+    # (both None when a group was found finished at resume: its attempts are not known here).
     started_ns: int | None
     seen_through: int | None
 
