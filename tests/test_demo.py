@@ -58,13 +58,36 @@ def test_quick_demo_trains_through_the_whole_pipeline_and_reports(quick_demo):
     def sql(statement: str) -> list[tuple]:
         return query(statement, db=workdir / "otel_rl.duckdb").rows()
 
+    # The expert's printed success is its rollouts' harness rewards in the store.
     expert = sql(
         "SELECT count(*), avg(outcome_rewards_by_source['harness']) FROM rollouts"
         " WHERE service_name = 'expert_agent'"
     )
-    assert expert[0][0] == QUICK.expert_rollouts and 0.3 < expert[0][1] < 0.8  # noisy on purpose
-    trained = QUICK.rl_steps * QUICK.groups_per_step * QUICK.group_size
-    assert sql("SELECT count(*) FROM rollouts WHERE split = 'train' AND status = 'ok'")[0][0] >= trained
+    assert report["expert"] == {"rollouts": QUICK.expert_rollouts, "mean_reward": pytest.approx(expert[0][1])}
+    assert expert[0][0] == QUICK.expert_rollouts
+    assert (
+        f"expert: {QUICK.expert_rollouts} rollouts, success {report['expert']['mean_reward']:.1%}"
+        in done.stdout
+    )
+    # Each step (its printed line, its record) trained on the rollouts of the groups it recorded in the store:
+    # B groups, their rollouts and their mean harness reward.
+    trained = sql(
+        "WITH trained AS (SELECT (attributes->>'otel_rl.train.step')::INTEGER AS step,"
+        " unnest(CAST(attributes->'otel_rl.train.group_ids' AS VARCHAR[])) AS group_id FROM spans"
+        " WHERE name = 'otel_rl.train.step' AND sender IN ('server', 'admin')"
+        " AND attributes->>'otel_rl.train.reward_mean' IS NOT NULL)"  # stage 1's SFT updates have none
+        " SELECT step, count(DISTINCT group_id), count(*), avg(outcome_rewards_by_source['harness'])"
+        " FROM trained JOIN rollouts USING (group_id) WHERE status = 'ok' GROUP BY step ORDER BY step"
+    )
+    steps = report["train_steps"]
+    assert trained == [
+        (s["step"], QUICK.groups_per_step, s["rollouts"], pytest.approx(s["reward_mean"])) for s in steps
+    ]
+    for s in steps:
+        assert (
+            f"step {s['step']:>4}  reward {s['reward_mean']:.3f}  success {s['success_rate']:6.1%}"
+            in done.stdout
+        )
     assert sql("SELECT count(*) FROM rollouts WHERE split = 'val'")[0][0] == 4 * QUICK.val_tasks
     # Each evaluation's success rate is what its rollouts' harness rewards in the store say.
     stored = sql(
@@ -77,8 +100,24 @@ def test_quick_demo_trains_through_the_whole_pipeline_and_reports(quick_demo):
         )
     # The harnesses were forked warm from a fork server (the `preload` setting), one log per attempt.
     assert (workdir / "rl" / "rollouts" / "forkserver.log").is_file()
-    versions = sql("SELECT DISTINCT policy_version FROM llm_calls WHERE split = 'train' ORDER BY 1")
-    assert len(versions) >= 2  # the harnesses were served by successive reloaded policies
+    # The gateway served the run's start policy, then reloaded exactly the versions the steps produced, in
+    # order; the evaluations were served by the versions they report, the harnesses by these versions only.
+    start = evals[0]["policy_version"]
+    produced = [s["policy_version"] for s in steps]
+    assert produced == list(range(start + 1, start + 1 + QUICK.rl_steps))
+    reloads = sql(
+        "SELECT (attributes->>'otel_rl.policy.version')::INTEGER, status_code FROM spans"
+        " WHERE name = 'otel_rl.reload' AND sender IN ('server', 'admin')"
+        " ORDER BY commit_seq, start_time_unix_nano"
+    )
+    assert reloads == [(version, 0) for version in (start, *produced)]  # status 0: no server failed
+    val = sql("SELECT DISTINCT policy_version FROM llm_calls WHERE split = 'val' ORDER BY 1")
+    assert val == [(start,), (produced[-1],)] == sorted({(e["policy_version"],) for e in evals})
+    served = sql(  # the gateway's calls: the expert's (train split too) went to its scripted model
+        "SELECT DISTINCT policy_version FROM llm_calls WHERE split = 'train' AND dialect = 'gateway'"
+        " ORDER BY 1"
+    )
+    assert served[0] == (start,) and {version for (version,) in served} <= {start, *produced}
 
 
 def offline_config(workdir: Path, output: Path) -> Path:
