@@ -122,3 +122,15 @@ def test_grade_goes_on_past_another_tasks_bad_line_and_names_it(tmp_path: Path) 
     done = subprocess.run([*grade, "calc-malformed"], capture_output=True, text=True, timeout=120)
     assert done.returncode == 2 and "no task with instance_id 'calc-malformed'" in done.stderr, done.stderr
     assert f"error: {tasks}:2 (calc-malformed): patch: Input should be a valid string" in done.stderr
+
+
+def test_a_limit_out_of_the_sandboxs_bounds_is_refused_naming_its_flag(tmp_path: Path) -> None:
+    tasks = calc_task_file(tmp_path)
+    for command, flag in (
+        (["grade", str(tasks), "--instance", "calc-1", "--patch", os.devnull], "--cpu-seconds=0"),
+        (["sandbox", "run", str(tasks), "--instance", "calc-1", "--", "true"], "--wall-seconds=0"),
+    ):
+        done = subprocess.run([OTEL_RL, *command[:-2], flag, *command[-2:]], capture_output=True, text=True)
+        assert done.returncode == 2, done.stderr
+        assert f"Invalid value for '{flag.split('=')[0]}'" in done.stderr
+        assert "Traceback" not in done.stderr

@@ -24,8 +24,9 @@ sandbox_app = typer.Typer(
 
 TaskFile = Annotated[Path, typer.Argument(help="a JSONL task file", show_default=False)]
 Instance = Annotated[str, typer.Option("--instance", help="the task's instance_id", show_default=False)]
-CpuSeconds = Annotated[int, typer.Option(help="RLIMIT_CPU of the sandboxed command")]
-WallSeconds = Annotated[float, typer.Option(help="wall clock of the sandboxed command")]
+# the bounds sandbox.Limits holds: typer names the flag when one is out of them
+CpuSeconds = Annotated[int, typer.Option(min=1, help="RLIMIT_CPU of the sandboxed command")]
+WallSeconds = Annotated[float, typer.Option(min=0.001, help="wall clock of the sandboxed command")]
 
 
 def _load(path: Path) -> TaskSet:
