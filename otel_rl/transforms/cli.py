@@ -105,8 +105,10 @@ def samples_command(
     trusted_source: Trusted = None,
     missing_reward: MissingReward = None,
     estimator: Annotated[str, typer.Option(help=f"Advantage estimator: {' | '.join(ESTIMATORS)}")] = "grpo",
-    max_prompt_length: Annotated[int | None, typer.Option(help="Drop segments with longer prompts")] = None,
-    max_response_length: Annotated[int | None, typer.Option(help="Truncate longer responses")] = None,
+    max_prompt_length: Annotated[
+        int | None, typer.Option(min=1, help="Drop segments with longer prompts")
+    ] = None,
+    max_response_length: Annotated[int | None, typer.Option(min=1, help="Truncate longer responses")] = None,
     policy_version: Annotated[
         int | None, typer.Option(help="Current policy version (for --max-staleness)")
     ] = None,
@@ -125,7 +127,7 @@ def samples_command(
         raise typer.BadParameter(f"use one of {', '.join(ESTIMATORS)}", param_hint="--estimator")
     options = SampleOptions(
         reward=_reward(reward_name, reward_rule, trusted_source, missing_reward),
-        limits=Limits(max_prompt_length, max_response_length),
+        limits=Limits(max_prompt_length=max_prompt_length, max_response_length=max_response_length),
         estimator=estimator,  # type: ignore[arg-type]
         current_policy_version=policy_version,
         max_staleness=max_staleness,

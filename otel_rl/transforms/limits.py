@@ -2,19 +2,19 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import polars as pl
+from pydantic import BaseModel, ConfigDict, Field
 
 RESPONSE_COLUMNS = ("response_ids", "response_mask", "rollout_logprobs")
 
 
-@dataclass(frozen=True)
-class Limits:
+class Limits(BaseModel):
     """Maximum prompt and response lengths in tokens (None: no limit)."""
 
-    max_prompt_length: int | None = None
-    max_response_length: int | None = None
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    max_prompt_length: int | None = Field(None, ge=1)
+    max_response_length: int | None = Field(None, ge=1)
 
 
 def apply_limits(segments: pl.DataFrame, limits: Limits) -> tuple[pl.DataFrame, dict[str, int]]:
