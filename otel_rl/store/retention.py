@@ -52,7 +52,10 @@ class ArchivePolicy:
     retain_bytes: int | None = None
 
     def check(self, today: date) -> None:
-        """PolicyError unless every step is possible and at least one is asked for."""
+        """PolicyError unless every step is possible and at least one is asked for.
+
+        By hand, not a pydantic validator: `before`'s bound is the day it runs (a scheduled archive checks
+        again each day), and `otel-rl archive` and ScheduleSettings' validator both call this one rule."""
         if self.before is None and self.retain_days is None and self.retain_bytes is None:
             raise PolicyError("nothing to do: give --before, --retain-days or --retain-bytes")
         if self.before is not None and not date(1970, 1, 2) <= self.before <= today:
