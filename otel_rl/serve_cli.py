@@ -264,7 +264,9 @@ def serve(
         typer.echo(app.state.ui_url)
     # uvicorn turns SIGINT/SIGTERM into a clean shutdown; the lifespan then stops gRPC and closes the store.
     config = uvicorn_config(app, settings)
-    uvicorn_server(config, on_exit=app.state.queries.stop_all).run()
+    # Bound before the lifespan starts vLLM, which takes free ports of its own: one could be this one
+    listening = config.bind_socket()
+    uvicorn_server(config, on_exit=app.state.queries.stop_all).run(sockets=[listening])
 
 
 def _request_limits(value: str | None) -> "RequestLimits | None":
