@@ -51,7 +51,7 @@ class CodingPlan:
 
 
 FULL = CodingPlan(
-    tasks=48, expert_chats=2000, expert_right=0.3, expert_hack=0.03, sft_steps=400, sft_lr=2e-3,
+    tasks=16, expert_chats=2000, expert_right=0.35, expert_hack=0.03, sft_steps=400, sft_lr=2e-3,
     rl_steps=10, group_size=8, groups_per_step=4, rl_lr=3e-4, concurrency=6,
 )  # fmt: skip
 QUICK = CodingPlan(
@@ -102,7 +102,9 @@ def sft_settings(
             "save_every": plan.sft_steps,
             # one thread: two took 20 s a step on 2 cores shared with other work (their barriers wait)
             "torch_threads": 1,
-            "optim": {"lr": plan.sft_lr, "warmup_steps": min(20, plan.sft_steps // 10), "schedule": "cosine"},
+            # a constant rate: copying from the statement appears between steps 200 and 400, and not at all
+            # when the rate has decayed by then (docs/coding.md)
+            "optim": {"lr": plan.sft_lr, "warmup_steps": min(20, plan.sft_steps // 10)},
             "offline": {"chats": str(chats)},
         }
     )
