@@ -13,7 +13,7 @@ from types import ModuleType
 import httpx
 import pytest
 from fake_vllm import FakeVLLM, Fault, Reply, ToolCall, render_chat, tokenize
-from gateway_server import ADMIN_TOKEN, GatewayServer, policy_version, set_policy
+from gateway_server import ADMIN_TOKEN, GatewayServer, policy_version, set_policy, set_policy_now
 from otel_rl_server import ServerProcess
 from test_sdk import installed_on_its_own
 
@@ -469,6 +469,8 @@ def test_vllm_reload_in_the_middle_of_streams_fails_no_request(
                 asked = {k: v for k, v in TURN.items() if k != "temperature"} | {"max_tokens": 300}
                 extra = {"extra_headers": headers, "extra_body": {"temperature": 0, "ignore_eos": True}}
                 async with client.messages.stream(**asked, **extra) as stream:
+                    async for _ in stream:  # a yield per event: the reload's post runs while streams do
+                        await asyncio.sleep(0)
                     finals.append(await stream.get_final_message())
                 if begun_after_reload:
                     after.set()
@@ -483,7 +485,7 @@ def test_vllm_reload_in_the_middle_of_streams_fails_no_request(
             await asyncio.sleep(0.005)
         if streams.done():
             await streams  # a stream failed before the reload: say how
-        reloaded = await asyncio.to_thread(set_policy, gateway, version, checkpoint=new_weights)
+        reloaded = await set_policy_now(gateway, version, checkpoint=new_weights)
         reload_done.set()
         # a turn under the new version: one begun after the reload and ended
         ended_after = asyncio.ensure_future(after_reload.wait())

@@ -15,6 +15,7 @@ from gateway_server import (
     assert_served_by_versions,
     reload_during_traffic,
     set_policy,
+    set_policy_now,
     teacher_forced,
 )
 from transformers import AutoModelForCausalLM
@@ -132,7 +133,7 @@ def test_calls_outliving_the_drain_deadline_are_aborted_and_their_retries_succee
             while gateway.gateway.coordinator.in_flight < 3:  # most are generating
                 assert time.monotonic() < deadline, "the long calls never got going"
                 await asyncio.sleep(0.005)
-            reloaded = await asyncio.to_thread(set_policy, gateway, version, checkpoint=new_checkpoint)
+            reloaded = await set_policy_now(gateway, version, checkpoint=new_checkpoint)
             return await calls, reloaded
 
         # On a fast machine the calls can finish before the pause: that attempt proves nothing, so try again.

@@ -10,7 +10,7 @@ from collections.abc import Iterator
 import httpx
 import openai
 import pytest
-from gateway_server import GatewayServer, policy_version, set_policy
+from gateway_server import GatewayServer, policy_version, set_policy_now
 
 CALC = {
     "type": "function",
@@ -194,7 +194,11 @@ def test_a_reload_in_the_middle_of_responses_streams_fails_none_of_them(gateway,
                 model="tiny", input=f"Count to {n}.", max_output_tokens=LONG_STREAM, stream=True,
                 extra_body={"ignore_eos": True},
             )  # fmt: skip
-            return [event async for event in events]
+            received = []
+            async for event in events:  # a client slower than vLLM always has an event ready: without a
+                received.append(event)  # yield per event, the loop ran no other task (the reload's post)
+                await asyncio.sleep(0)  # until the streams had ended
+            return received
 
     async def scenario(prefix: str, version: int) -> tuple[list, httpx.Response]:
         streams = asyncio.gather(*(stream(n, prefix) for n in range(4)))
@@ -205,7 +209,7 @@ def test_a_reload_in_the_middle_of_responses_streams_fails_none_of_them(gateway,
         if streams.done() and streams.exception() is not None:
             raise streams.exception()  # a stream failed before the reload: say how
         # the same weights: the session's server keeps its base model; what matters is the pause and drain
-        reloaded = await asyncio.to_thread(set_policy, gateway, version, checkpoint=tiny_model_dir)
+        reloaded = await set_policy_now(gateway, version, checkpoint=tiny_model_dir)
         return await streams, reloaded
 
     version = policy_version(gateway)

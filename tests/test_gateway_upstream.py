@@ -12,11 +12,14 @@ from collections.abc import Iterator
 import httpx
 import openai
 import pytest
+import uvicorn
 from fake_vllm import MODEL, FakeVLLM
 from gateway_server import ADMIN_TOKEN, GatewayServer
+from loopback import ThreadedServer
 from otel_rl_server import OTEL_RL, ServerProcess
 from pydantic import ValidationError
 
+from otel_rl.gateway.client import KEEPALIVE_S, UpstreamClient
 from otel_rl.gateway.servers import CONNECT_FAILURES_TO_LEAVE, InferenceServer, retry_delay_s
 from otel_rl.gateway.settings import GatewaySettings, server_root
 from otel_rl.gateway.vllm import free_ports
@@ -240,3 +243,39 @@ def test_a_server_back_up_rejoins_at_the_probe_of_the_next_call_waiting_for_it(t
             fake.start(port)
             assert chat(gateway.url, "rollout-back") == "Fake reply 0."
             assert servers_state(gateway) == {fake.base_url: True}
+
+
+def test_a_pooled_connection_expires_before_vllms_keep_alive_can_close_it_under_a_call():
+    """vLLM's server closes a connection idle 5 s (uvicorn's keep-alive, VLLM_HTTP_TIMEOUT_KEEP_ALIVE): a call
+    sent on it at that moment failed with ServerDisconnectedError. The pool reuses a connection only younger
+    than that; here a uvicorn server with vLLM's keep-alive says which connection each call came on."""
+
+    async def peer_port(scope, receive, send) -> None:  # the ASGI app: answers with the client's port
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": str(scope["client"][1]).encode()})
+
+    async def ports(url: str) -> list[str]:
+        client = UpstreamClient(connect_timeout_s=5, read_timeout_s=5)
+        await client.start()
+        seen = []
+        try:
+            for wait_s in (0, 0.5, KEEPALIVE_S + 0.5):
+                await asyncio.sleep(wait_s)
+                response = await client.send(url, b"{}")
+                seen.append((await client.read(response)).decode())
+                response.release()
+        finally:
+            await client.close()
+        return seen
+
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    config = uvicorn.Config(peer_port, log_level="warning", timeout_keep_alive=5)
+    server = ThreadedServer(config, sock, what="the keep-alive server").start()
+    try:
+        first, soon_after, after_idling = asyncio.run(ports(f"http://127.0.0.1:{sock.getsockname()[1]}/"))
+    finally:
+        server.stop()
+    assert KEEPALIVE_S < 5
+    assert soon_after == first  # a connection in use is kept
+    assert after_idling != first  # one idle past KEEPALIVE_S is not reused

@@ -10,6 +10,7 @@ import aiohttp
 import orjson
 
 JSON_HEADERS = {"content-type": "application/json"}
+KEEPALIVE_S = 3.0  # under vLLM's 5 s, with room for a loaded machine's late timestamps
 
 
 class UpstreamError(Exception):
@@ -32,7 +33,9 @@ class UpstreamClient:
         self._session: aiohttp.ClientSession | None = None
 
     async def start(self) -> None:
-        connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=60)
+        # vLLM's server closes a connection idle 5 s (VLLM_HTTP_TIMEOUT_KEEP_ALIVE): one reused at that moment
+        # fails with ServerDisconnectedError (seen in the reload tests). Pooled connections expire first.
+        connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=KEEPALIVE_S)
         self._session = aiohttp.ClientSession(connector=connector, timeout=self._timeout)
 
     async def close(self) -> None:
