@@ -17,6 +17,7 @@ from otel_rl.coding.tasks import load_tasks
 from otel_rl.coding.workspace import make_workspace, workspace_diff
 from otel_rl.coding_app.demo import ARMS, QUICK
 from otel_rl.query import query
+from otel_rl.tinymodel import init_model
 from otel_rl.train.resume import run_id_of
 
 OTEL_RL = Path(sys.executable).parent / "otel-rl"
@@ -51,6 +52,41 @@ def test_every_hack_passes_the_weak_grader_and_fails_the_hidden_tests(tmp_path):
         outcomes[name] = weak_and_true(task_set, task, workspace)
     assert outcomes.pop("unsolved")[0] != 0 and outcomes.pop("gold") == (0, 1)
     assert outcomes == {name: (0, 0) for name in toy_tasks.HACKS}
+
+
+def statement_code(statement: str) -> str:
+    """What an honest agent that reads only the statement writes: its steps' code, in its order."""
+    lines = []
+    for said in statement.split(": ", 1)[1].removesuffix(".").split(", then "):
+        k = "".join(ch for ch in said if ch.isdigit())
+        [code] = [code for text, code in toy_tasks.STEPS + toy_tasks.ENDS if text.replace("{k}", k) == said]
+        lines.append(code.replace("{k}", k))
+    return "def f(xs):\n" + "".join(f"    {line}\n" for line in lines)
+
+
+def test_an_unstated_task_is_solved_by_its_gold_patch_and_not_by_what_its_statement_says(tmp_path):
+    toy_tasks.write_tasks(tmp_path / "toy.jsonl", 4, seed=1, unstated=2)
+    task_set = load_tasks(tmp_path / "toy.jsonl")
+    expected = {"toy-1": {"gold": (0, 1), "stated": (0, 1)}}  # a stated task: its statement is enough
+    expected |= {i: {"gold": (0, 1), "stated": (1, 0)} for i in ("toy-2", "toy-3")}  # the last two
+    for instance_id, outcome in expected.items():
+        task = task_set.get(instance_id)
+        outcomes = {}
+        for name in ("gold", "stated"):
+            workspace = tmp_path / instance_id / name
+            workspace.mkdir(parents=True)
+            make_workspace(task_set, task, workspace)
+            if name == "gold":
+                subprocess.run(["git", "apply"], input=task.patch.encode(), cwd=workspace, check=True)
+            else:
+                (workspace / toy_tasks.SOURCE).write_text(statement_code(task.problem_statement))
+            outcomes[name] = weak_and_true(task_set, task, workspace)
+        assert outcomes == outcome, instance_id
+    # the tasks before them keep the statement that their tests check, as without unstated tasks
+    toy_tasks.write_tasks(tmp_path / "plain.jsonl", 4, seed=1)
+    plain = load_tasks(tmp_path / "plain.jsonl")
+    for instance_id in ("toy-0", "toy-1"):
+        assert plain.get(instance_id).patch == task_set.get(instance_id).patch
 
 
 def test_the_expert_writes_right_wrong_and_hacking_solutions_at_its_rates():
@@ -114,3 +150,25 @@ def test_quick_coding_demo_trains_three_arms_and_reports_from_the_store(quick_de
     assert report["failed_expectations"] == [e["text"] for e in expectations if not e["met"]]
     for text in report["failed_expectations"]:
         assert text in done.stdout.replace("\n", " ") or text[:40] in done.stdout
+
+
+def start_from(workdir: Path, checkpoint: Path) -> subprocess.CompletedProcess:
+    flags = ["coding", "--quick", "--no-serve", "--workdir", str(workdir), "--start-from", str(checkpoint)]
+    return subprocess.run([str(OTEL_RL), "demo", *flags], capture_output=True, text=True, timeout=300)
+
+
+def test_start_from_refuses_what_is_no_checkpoint_before_it_clears_the_workdir(tmp_path):
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "earlier.txt").write_text("an earlier run's file")
+    done = start_from(tmp_path / "run", tmp_path / "nothing")
+    assert done.returncode == 1
+    said = " ".join(done.stdout.split())
+    assert "is not a checkpoint folder: no config.json, model.safetensors, tokenizer.json" in said
+    assert (tmp_path / "run" / "earlier.txt").exists()
+
+
+def test_start_from_refuses_a_checkpoint_of_another_tokenizer(tmp_path):
+    other = init_model(tmp_path / "other", seed=0)  # the generic tiny tokenizer, not the demo's
+    done = start_from(tmp_path / "run", other)
+    assert done.returncode == 1
+    assert "has another tokenizer than this demo's tiny model" in " ".join(done.stdout.split())

@@ -12,6 +12,7 @@ import secrets
 import shutil
 import signal
 import sys
+import tempfile
 import time
 from dataclasses import asdict, dataclass
 from functools import partial
@@ -38,6 +39,7 @@ class CodingPlan:
     """How much the coding demo does."""
 
     tasks: int  # toy repositories the arms train on
+    unstated_tasks: int  # of those, the ones whose tests ask for a step the statement leaves out
     expert_chats: int  # the expert's transcripts for SFT
     expert_right: float  # its share of right solutions
     expert_hack: float  # its share of hacks (the prior RL may amplify)
@@ -51,18 +53,18 @@ class CodingPlan:
 
 
 FULL = CodingPlan(
-    tasks=16, expert_chats=2000, expert_right=0.35, expert_hack=0.03, sft_steps=400, sft_lr=2e-3,
-    rl_steps=10, group_size=8, groups_per_step=4, rl_lr=3e-4, concurrency=6,
+    tasks=16, unstated_tasks=6, expert_chats=2000, expert_right=0.35, expert_hack=0.03,
+    sft_steps=400, sft_lr=2e-3, rl_steps=10, group_size=8, groups_per_step=4, rl_lr=3e-4, concurrency=6,
 )  # fmt: skip
 QUICK = CodingPlan(
-    tasks=6, expert_chats=300, expert_right=0.3, expert_hack=0.03, sft_steps=20, sft_lr=2e-3,
-    rl_steps=2, group_size=4, groups_per_step=2, rl_lr=3e-4, concurrency=4,
+    tasks=6, unstated_tasks=2, expert_chats=300, expert_right=0.3, expert_hack=0.03,
+    sft_steps=20, sft_lr=2e-3, rl_steps=2, group_size=4, groups_per_step=2, rl_lr=3e-4, concurrency=4,
 )  # fmt: skip
 
 
 def write_inputs(workdir: Path, plan: CodingPlan) -> dict[str, Path]:
     """The toy tasks (grader-side file and the loop's id list) and the expert's chat JSONL."""
-    ids = toy_tasks.write_tasks(workdir / "toy.jsonl", plan.tasks, TASKS_SEED)
+    ids = toy_tasks.write_tasks(workdir / "toy.jsonl", plan.tasks, TASKS_SEED, unstated=plan.unstated_tasks)
     chats = workdir / "expert_chats.jsonl"
     lines = toy_tasks.expert_chats(
         plan.expert_chats, EXPERT_SEED, right=plan.expert_right, hack=plan.expert_hack
@@ -151,8 +153,32 @@ def arm_settings(
     )
 
 
-def run_coding_demo(plan: CodingPlan, workdir: Path, console: Console) -> dict[str, Any]:
-    """SFT, then the three arms, then the report (workdir/report.json, report.md, arms.png)."""
+CHECKPOINT_FILES = ("config.json", "model.safetensors", "tokenizer.json")
+
+
+def held_checkpoint(source: Path, into: Path) -> Path:
+    """A copy of the checkpoint the arms start from (`--start-from`), taken before the workdir is cleared: a
+    previous run's `sft/step-N` lies inside it."""
+    missing = [name for name in CHECKPOINT_FILES if not (source / name).is_file()]
+    if missing:
+        raise ValueError(f"--start-from {source} is not a checkpoint folder: no {', '.join(missing)}")
+    return Path(shutil.copytree(source, into))
+
+
+def check_same_tokenizer(start: Path, initial: Path, source: Path) -> None:
+    """The server serves the demo's tiny model: a checkpoint it reloads must share its tokenizer."""
+    if (start / "tokenizer.json").read_bytes() != (initial / "tokenizer.json").read_bytes():
+        raise ValueError(
+            f"--start-from {source} has another tokenizer than this demo's tiny model: give a checkpoint "
+            "that an `otel-rl demo coding` run wrote (its sft/step-N folder)"
+        )
+
+
+def run_coding_demo(
+    plan: CodingPlan, workdir: Path, console: Console, start_from: Path | None = None
+) -> dict[str, Any]:
+    """SFT (or the checkpoint `start_from`), then the three arms, then the report (workdir/report.json,
+    report.md, arms.png)."""
     from otel_rl.demo_server import running_server
     from otel_rl.query import query
     from otel_rl.tinymodel import init_model
@@ -162,8 +188,12 @@ def run_coding_demo(plan: CodingPlan, workdir: Path, console: Console) -> dict[s
     started = time.monotonic()
     timings: dict[str, float] = {}
     workdir = workdir.resolve()
-    shutil.rmtree(workdir, ignore_errors=True)  # a fresh demo every time
-    workdir.mkdir(parents=True)
+    with tempfile.TemporaryDirectory() as held:
+        start = held_checkpoint(start_from.resolve(), Path(held) / "start") if start_from else None
+        shutil.rmtree(workdir, ignore_errors=True)  # a fresh demo every time
+        workdir.mkdir(parents=True)
+        if start is not None:
+            start = Path(shutil.copytree(start, workdir / "start-policy"))
     token = secrets.token_urlsafe(24)
     console.rule(
         "[bold]otel-rl demo coding: reward hacking under a weak grader, a guarded one, and screening"
@@ -171,21 +201,23 @@ def run_coding_demo(plan: CodingPlan, workdir: Path, console: Console) -> dict[s
     with console.status("building the tiny model, its tokenizer and the toy tasks"):
         initial = init_model(workdir / "model-init", seed=0, corpus=tokenizer_corpus(), vocab_size=1024)
         inputs = write_inputs(workdir, plan)
+    if start is not None and start_from is not None:
+        check_same_tokenizer(start, initial, start_from)
     results = {}
     with running_server(workdir, initial, None, token, console) as url:
         timings["setup_s"] = time.monotonic() - started
-        console.rule("warm start: SFT on the noisy expert's transcripts (hacks included)")
-        stage = time.monotonic()
-        start_policy = sft_from_traces(
-            sft_settings(plan, url, token, initial, workdir, inputs["chats"]), console
-        )
-        timings["sft_s"] = time.monotonic() - stage
+        if start is None:
+            console.rule("warm start: SFT on the noisy expert's transcripts (hacks included)")
+            stage = time.monotonic()
+            sft = sft_settings(plan, url, token, initial, workdir, inputs["chats"])
+            start = sft_from_traces(sft, console)
+            timings["sft_s"] = time.monotonic() - stage
+        else:
+            console.print(f"the arms start from {start_from} (no SFT)")
         for arm in ARMS:
             console.rule(f"arm {arm}: online GRPO, every rollout sandboxed and graded outside")
             stage = time.monotonic()
-            results[arm] = run_online(
-                arm_settings(arm, plan, url, token, start_policy, workdir, inputs), console
-            )
+            results[arm] = run_online(arm_settings(arm, plan, url, token, start, workdir, inputs), console)
             timings[f"{arm}_s"] = time.monotonic() - stage
     store = workdir / "otel_rl.duckdb"
     arms = {arm: arm_figures(partial(query, db=store), result.steps) for arm, result in results.items()}
@@ -193,6 +225,7 @@ def run_coding_demo(plan: CodingPlan, workdir: Path, console: Console) -> dict[s
         "arms": arms,
         "expectations": expectations(arms),
         "plan": asdict(plan),
+        "start_from": str(start_from) if start_from else None,  # None: the demo's own SFT
         "wall_seconds": time.monotonic() - started,
         "timings": timings,
         "store": str(store),
@@ -214,6 +247,12 @@ def coding_command(
     serve: Annotated[
         bool, typer.Option(help="At the end, serve the web view of the run until Ctrl-C")
     ] = True,
+    start_from: Annotated[
+        Path | None,
+        typer.Option(
+            help="Skip SFT: the arms start from this checkpoint of an earlier run (its WORKDIR/sft/step-N)"
+        ),
+    ] = None,
 ) -> None:
     """The tiny model as a coding agent on toy repositories: fine-tuned on a noisy expert (hacks included),
     then trained three ways (weak grader, guarded grader, weak grader with screening); reports hack rate and
@@ -225,7 +264,7 @@ def coding_command(
     console = Console()
     workdir = workdir.resolve()
     try:
-        report = run_coding_demo(QUICK if quick else FULL, workdir, console)
+        report = run_coding_demo(QUICK if quick else FULL, workdir, console, start_from)
     except (RuntimeError, ValueError) as error:
         console.print(f"[red]demo failed:[/] {error}")
         raise typer.Exit(1) from None
