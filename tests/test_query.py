@@ -16,7 +16,7 @@ from typer.testing import CliRunner
 
 from otel_rl.cli import app
 from otel_rl.collector.ingest import ingest_traces
-from otel_rl.query import QueryError, query
+from otel_rl.query import SEEN_THROUGH_HEADER, QueryError, query
 from otel_rl.store import Store
 from otel_rl.store.definitions import NORMALIZED
 
@@ -81,8 +81,11 @@ def test_an_answer_names_the_commit_it_saw_through_and_a_read_may_wait_for_that_
     assert post(otel_rl_server, "/v1/traces", request.SerializeToString(), PROTOBUF).status_code == 200
     client = ServerClient(otel_rl_server.http_url, otel_rl_server.token)
     try:
-        raw, seen = client.query_seen(f"SELECT max(commit_seq) AS c FROM spans WHERE trace_id = '{trace_id}'")
-        assert seen >= raw["c"][0] > 0  # no row the read saw was written after the commit it names
+        sql = f"SELECT max(commit_seq) AS c FROM spans WHERE trace_id = '{trace_id}'"
+        headers = {**otel_rl_server.auth, "Accept": "application/json"}
+        raw = httpx.post(f"{otel_rl_server.http_url}/v1/query", json={"sql": sql}, headers=headers)
+        seen = int(raw.headers[SEEN_THROUGH_HEADER])
+        assert seen >= raw.json()[0]["c"] > 0  # no row the read saw was written after the commit it names
         normalized = client.query(
             f"SELECT count(*) AS n FROM span_identity WHERE trace_id = '{trace_id}'", after_commit=seen
         )

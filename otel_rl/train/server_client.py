@@ -35,15 +35,9 @@ class ServerClient:
     ) -> pl.DataFrame:
         """One read-only statement over the store (its parameters bound by DuckDB), on this client's
         kept-alive connection (a new client per query spent a quarter of a step's reads setting up TLS
-        contexts); `after_commit`: see query_seen. A `reads.Run` (otel_rl/store/reads.py)."""
-        return self.query_seen(sql, params, after_commit=after_commit)[0]
-
-    def query_seen(
-        self, sql: str, params: Params | None = None, *, after_commit: int | None = None
-    ) -> tuple[pl.DataFrame, int]:
-        """The statement's rows, and a commit no row it read was written after. Passed on as `after_commit`,
-        a read of the normalized tables waits for that commit only (not for the later ones)."""
-        from otel_rl.query import SEEN_THROUGH_HEADER, query_result
+        contexts). `after_commit`: a read of the normalized tables waits for that commit only (not for the
+        later ones). A `reads.Run` (otel_rl/store/reads.py)."""
+        from otel_rl.query import query_result
 
         body: dict[str, Any] = {"sql": sql}
         if params is not None:
@@ -51,8 +45,7 @@ class ServerClient:
         if after_commit is not None:
             body["after_commit"] = after_commit
         response = self._request("POST", "/v1/query", json=body)
-        frame = pl.from_arrow(query_result(response, self.url))
-        return frame, int(response.headers[SEEN_THROUGH_HEADER])
+        return pl.from_arrow(query_result(response, self.url))
 
     def issue_rollout_key(self, identity: Mapping[str, str]) -> str:
         """A key that acts for one rollout only: its OTLP exports and its model calls (with this identity)."""
