@@ -54,7 +54,7 @@ class CodingPlan:
 
 FULL = CodingPlan(
     tasks=16, unstated_tasks=6, expert_chats=2000, expert_right=0.35, expert_hack=0.03,
-    sft_steps=400, sft_lr=2e-3, rl_steps=10, group_size=8, groups_per_step=4, rl_lr=3e-4, concurrency=6,
+    sft_steps=400, sft_lr=2e-3, rl_steps=10, group_size=8, groups_per_step=4, rl_lr=1.5e-4, concurrency=6,
 )  # fmt: skip
 QUICK = CodingPlan(
     tasks=6, unstated_tasks=2, expert_chats=300, expert_right=0.3, expert_hack=0.03,
