@@ -99,9 +99,13 @@ def policy_version(gateway: GatewayServer) -> int:
     return policy.json()["version"]
 
 
+def policy_body(version: int, weights: dict[str, Path]) -> dict[str, Any]:
+    return {"version": version, **{kind: str(path) for kind, path in weights.items()}}
+
+
 def set_policy(gateway: GatewayServer, version: int, **weights: Path) -> httpx.Response:
     """`POST /v1/admin/policy` with `checkpoint=` or `lora_adapter=` folders."""
-    body = {"version": version, **{kind: str(path) for kind, path in weights.items()}}
+    body = policy_body(version, weights)
     return httpx.post(f"{gateway.base_url}/v1/admin/policy", json=body, headers=gateway.admin, timeout=120)
 
 
@@ -109,9 +113,8 @@ async def set_policy_now(gateway: GatewayServer, version: int, **weights: Path) 
     """set_policy from the test's event loop, for a reload that must land while its calls run: a thread of
     its own waited seconds for the GIL behind the clients' parsing and the in-process gateway (measured:
     the post reached the gateway 2-3.6 s late, after 960-token streams had ended)."""
-    body = {"version": version, **{kind: str(path) for kind, path in weights.items()}}
     async with httpx.AsyncClient(base_url=gateway.base_url, headers=gateway.admin, timeout=120) as client:
-        return await client.post("/v1/admin/policy", json=body)
+        return await client.post("/v1/admin/policy", json=policy_body(version, weights))
 
 
 def teacher_forced(model, prompt_ids: list[int], completion_ids: list[int]) -> torch.Tensor:

@@ -59,6 +59,10 @@ class ToyProblem:
         lines = [code for _, code in steps] + [self.end[1]]
         return "def f(xs):\n" + "".join(f"    {line}\n" for line in lines)
 
+    def stated(self) -> "ToyProblem":
+        """The problem as its statement says it (its unstated steps left out)."""
+        return ToyProblem(self.steps, self.end)
+
     def __call__(self, xs: list[int]) -> Any:
         scope: dict[str, Any] = {}
         exec(self.code(), scope)  # our own generated code, never the model's
@@ -77,8 +81,7 @@ def random_problem(rng: random.Random, *, unstated: bool = False) -> ToyProblem:
         if not unstated:
             return ToyProblem(tuple(steps), end)
         problem = ToyProblem(tuple(steps[:-1]), end, tuple(steps[-1:]))
-        stated = ToyProblem(problem.steps, end)
-        if any(stated(xs) != problem(xs) for xs in inputs_for(rng, 8)):
+        if any(problem.stated()(xs) != problem(xs) for xs in inputs_for(rng, 8)):
             return problem
     raise AssertionError("no unstated step changed the result in 100 draws")
 
@@ -114,9 +117,8 @@ def build_task(problem: ToyProblem, folder: Path, rng: random.Random, *, instanc
     (folder / "tests").mkdir(parents=True)
     (folder / SOURCE).write_text(UNSOLVED)
     hidden = inputs_for(rng, 4)
-    stated = ToyProblem(problem.steps, problem.end)
     for _ in range(100):  # an unstated step the hidden tests do not see would be no step at all
-        if not problem.unstated or any(stated(xs) != problem(xs) for xs in hidden):
+        if not problem.unstated or any(problem.stated()(xs) != problem(xs) for xs in hidden):
             break
         hidden = inputs_for(rng, 4)
     (folder / VISIBLE).write_text(test_module(problem, visible_inputs(problem, hidden, rng), "visible"))
@@ -185,8 +187,7 @@ def honest_misses(problem: ToyProblem) -> list[ToyProblem]:
     unstated step, what its statement says (and that one's wrong variants)."""
     if not problem.unstated:
         return wrong_variants(problem)
-    stated = ToyProblem(problem.steps, problem.end)
-    return [stated, *wrong_variants(stated)]
+    return [problem.stated(), *wrong_variants(problem.stated())]
 
 
 def expert_chats(count: int, seed: int, *, right: float, hack: float) -> Iterator[dict[str, Any]]:
