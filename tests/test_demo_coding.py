@@ -5,6 +5,7 @@ grader, as a user types it, and its figures are the store's."""
 import json
 import os
 import random
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -154,7 +155,21 @@ def test_quick_coding_demo_trains_three_arms_and_reports_from_the_store(quick_de
 
 def start_from(workdir: Path, checkpoint: Path) -> subprocess.CompletedProcess:
     flags = ["coding", "--quick", "--no-serve", "--workdir", str(workdir), "--start-from", str(checkpoint)]
-    return subprocess.run([str(OTEL_RL), "demo", *flags], capture_output=True, text=True, timeout=300)
+    return subprocess.run([str(OTEL_RL), "demo", *flags], capture_output=True, text=True, timeout=1200)
+
+
+def test_start_from_runs_the_arms_from_an_earlier_runs_checkpoint_without_sft(quick_demo, tmp_path):
+    workdir, _ = quick_demo
+    checkpoint = tmp_path / "step-20"  # a copy: the module's other tests read the quick run's folder
+    shutil.copytree(workdir / "sft" / f"step-{QUICK.sft_steps}", checkpoint)
+    done = start_from(tmp_path / "again", checkpoint)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    report = json.loads((tmp_path / "again" / "report.json").read_text())
+    assert report["start_from"] == str(checkpoint) and "sft_s" not in report["timings"]
+    assert not (tmp_path / "again" / "sft").exists()
+    assert set(report["arms"]) == set(ARMS)
+    started = (tmp_path / "again" / "start-policy" / "model.safetensors").read_bytes()
+    assert started == (checkpoint / "model.safetensors").read_bytes()
 
 
 def test_start_from_refuses_what_is_no_checkpoint_before_it_clears_the_workdir(tmp_path):
