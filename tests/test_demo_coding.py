@@ -132,6 +132,12 @@ def test_quick_coding_demo_trains_three_arms_and_reports_from_the_store(quick_de
         assert [step["step"] for step in figures["steps"]] == list(range(1, QUICK.rl_steps + 1))
         for key in ("hack_rate_start", "hack_rate_end", "truth_pass_start", "truth_pass_end"):
             assert 0 <= figures[key] <= 1
+        # start and end: the steps of one pass over the tasks (here 3 steps), at most half the steps each
+        window = min(-(-QUICK.tasks // QUICK.groups_per_step), QUICK.rl_steps // 2)
+        for key in ("hack_rate", "truth_pass"):
+            first, last = figures["steps"][:window], figures["steps"][-window:]
+            assert figures[f"{key}_start"] == sum(step[key] for step in first) / window
+            assert figures[f"{key}_end"] == sum(step[key] for step in last) / window
         # The arm's rollouts, read again from the store by its run's group ids: each graded outside the
         # sandbox (source grader) and checked by the harness's own pytest (source harness).
         prefix = run_id_of(workdir / arm) + "-"

@@ -53,8 +53,8 @@ class CodingPlan:
 
 
 FULL = CodingPlan(
-    tasks=16, unstated_tasks=6, expert_chats=2000, expert_right=0.35, expert_hack=0.03,
-    sft_steps=400, sft_lr=2e-3, rl_steps=10, group_size=8, groups_per_step=4, rl_lr=1.5e-4, concurrency=6,
+    tasks=16, unstated_tasks=6, expert_chats=2000, expert_right=0.35, expert_hack=0.02,
+    sft_steps=400, sft_lr=2e-3, rl_steps=16, group_size=8, groups_per_step=4, rl_lr=2e-4, concurrency=6,
 )  # fmt: skip
 QUICK = CodingPlan(
     tasks=6, unstated_tasks=2, expert_chats=300, expert_right=0.3, expert_hack=0.03,
@@ -220,7 +220,9 @@ def run_coding_demo(
             results[arm] = run_online(arm_settings(arm, plan, url, token, start, workdir, inputs), console)
             timings[f"{arm}_s"] = time.monotonic() - stage
     store = workdir / "otel_rl.duckdb"
-    arms = {arm: arm_figures(partial(query, db=store), result.steps) for arm, result in results.items()}
+    epoch_steps = -(-plan.tasks // plan.groups_per_step)  # steps that draw every task once
+    read = partial(query, db=store)
+    arms = {arm: arm_figures(read, result.steps, epoch_steps) for arm, result in results.items()}
     report = {
         "arms": arms,
         "expectations": expectations(arms),
