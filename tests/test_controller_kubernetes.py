@@ -262,6 +262,23 @@ def test_a_cancelled_rollout_ends_its_job(otel_rl_server, tmp_path):
     assert row["status"] == "infra_error"
 
 
+def test_a_wait_cancelled_as_its_job_changes_is_cancelled():
+    """The race behind a cancelled rollout whose Job kept running: its pod's change and the cancel in one
+    tick. Python 3.11's asyncio.wait_for returns the finished wait then, and the cancel is lost."""
+    from otel_rl.controller.kubernetes.cluster import ClusterView
+
+    async def main():
+        view = ClusterView(api=None, selector="otel-rl/run=r", relist_s=60)  # changed() reads no API
+        waiting = asyncio.create_task(view.changed("job-1", 30))
+        await asyncio.sleep(0)  # it waits
+        view.put_job({"metadata": {"name": "job-1", "resourceVersion": "1"}})  # wakes it
+        waiting.cancel()  # in the same tick
+        with pytest.raises(asyncio.CancelledError):
+            await waiting
+
+    asyncio.run(main())
+
+
 def test_the_template_is_checked(tmp_path):
     from otel_rl.controller.kubernetes.render import TemplateError, load_template
 

@@ -250,7 +250,8 @@ class ForkServer:
             return
         self._process.stdin.close()  # the server exits at the end of its requests
         try:
-            await asyncio.wait_for(self._process.wait(), 5)
+            async with asyncio.timeout(5):
+                await self._process.wait()
         except TimeoutError:
             self._process.kill()
             await self._process.wait()

@@ -263,8 +263,9 @@ class Controller:
                 )
         timed_out = False
         try:
-            try:
-                returncode = await asyncio.wait_for(process.wait(), timeout_s or self.settings.timeout_s)
+            try:  # asyncio.timeout: on Python 3.11 wait_for can lose a cancel (kubernetes/cluster.py)
+                async with asyncio.timeout(timeout_s or self.settings.timeout_s):
+                    returncode = await process.wait()
             except TimeoutError:
                 timed_out = True
                 returncode = await self._terminate(process)
@@ -290,7 +291,8 @@ class Controller:
     async def _terminate(self, process: asyncio.subprocess.Process | Forked) -> int:
         _signal_group(process.pid, signal.SIGTERM)
         try:
-            return await asyncio.wait_for(process.wait(), self.settings.kill_grace_s)
+            async with asyncio.timeout(self.settings.kill_grace_s):
+                return await process.wait()
         except TimeoutError:
             _signal_group(process.pid, signal.SIGKILL)
             return await process.wait()

@@ -191,8 +191,8 @@ class Gateway:
                 tried = ()
                 if self.pool.may_recover:
                     with contextlib.suppress(TimeoutError):  # the deadline passes during the probe
-                        probe = self.pool.reprobe(self.client, timeout_s=self.settings.connect_timeout_s)
-                        await asyncio.wait_for(probe, deadline - time.monotonic())
+                        async with asyncio.timeout(deadline - time.monotonic()):
+                            await self.pool.reprobe(self.client, timeout_s=self.settings.connect_timeout_s)
                 continue
             record.server_url = server.url
             server.in_flight += 1

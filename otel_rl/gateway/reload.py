@@ -84,8 +84,9 @@ class ReloadCoordinator:
     async def admit(self) -> Policy:
         """Let one call in (waiting while a reload runs); it runs under the returned policy until released."""
         while not self._open.is_set():
-            try:
-                await asyncio.wait_for(self._open.wait(), self._pause_wait_s)
+            try:  # asyncio.timeout: on Python 3.11 wait_for can lose a cancel (cluster.py's `changed`)
+                async with asyncio.timeout(self._pause_wait_s):
+                    await self._open.wait()
             except TimeoutError:
                 raise GatewayPaused(retry_after_s=1.0) from None
         self.in_flight += 1
@@ -163,7 +164,8 @@ class ReloadCoordinator:
         result.in_flight_at_pause = self.in_flight
         t = time.perf_counter()
         try:
-            await asyncio.wait_for(self._drained.wait(), self._drain_timeout_s)
+            async with asyncio.timeout(self._drain_timeout_s):
+                await self._drained.wait()
         except TimeoutError:
             result.aborted = self.in_flight
             log.warning("drain deadline passed: aborting %d calls in flight", self.in_flight)
@@ -172,7 +174,8 @@ class ReloadCoordinator:
                 *(self._post(s.url, "/pause", params={"mode": "abort"}) for s in live), return_exceptions=True
             )
             try:
-                await asyncio.wait_for(self._drained.wait(), ABORT_GRACE_S)
+                async with asyncio.timeout(ABORT_GRACE_S):
+                    await self._drained.wait()
             except TimeoutError:
                 # vLLM has stopped generating for them; what is left is relaying to slow clients.
                 log.warning("%d aborted calls are still being relayed", self.in_flight)

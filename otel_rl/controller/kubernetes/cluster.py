@@ -68,8 +68,11 @@ class ClusterView:
     async def changed(self, job: str, timeout_s: float) -> None:
         """Return when the Job or one of its Pods changed, or after timeout_s."""
         event = self._changed.setdefault(job, asyncio.Event())
+        # asyncio.timeout, not wait_for: on Python 3.11 wait_for returns a wait that finished in the tick
+        # the caller was cancelled, and the cancel is lost (a cancelled rollout's Job ran on)
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(event.wait(), timeout_s)
+            async with asyncio.timeout(timeout_s):
+                await event.wait()
         event.clear()
 
     def forget(self, job: str) -> None:
