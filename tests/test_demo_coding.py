@@ -133,7 +133,7 @@ def test_quick_coding_demo_trains_three_arms_and_reports_from_the_store(quick_de
         for key in ("hack_rate_start", "hack_rate_end", "truth_pass_start", "truth_pass_end"):
             assert 0 <= figures[key] <= 1
         # start and end: the steps of one pass over the tasks (here 3 steps), at most half the steps each
-        window = min(-(-QUICK.tasks // QUICK.groups_per_step), QUICK.rl_steps // 2)
+        window = min(QUICK.pass_steps, QUICK.rl_steps // 2)
         for key in ("hack_rate", "truth_pass"):
             first, last = figures["steps"][:window], figures["steps"][-window:]
             assert figures[f"{key}_start"] == sum(step[key] for step in first) / window

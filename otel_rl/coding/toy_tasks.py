@@ -81,7 +81,8 @@ def random_problem(rng: random.Random, *, unstated: bool = False) -> ToyProblem:
         if not unstated:
             return ToyProblem(tuple(steps), end)
         problem = ToyProblem(tuple(steps[:-1]), end, tuple(steps[-1:]))
-        if any(problem.stated()(xs) != problem(xs) for xs in inputs_for(rng, 8)):
+        stated = problem.stated()
+        if any(stated(xs) != problem(xs) for xs in inputs_for(rng, 8)):
             return problem
     raise AssertionError("no unstated step changed the result in 100 draws")
 
@@ -116,9 +117,9 @@ def build_task(problem: ToyProblem, folder: Path, rng: random.Random, *, instanc
     hidden tests on other inputs, the gold patch the problem's own code."""
     (folder / "tests").mkdir(parents=True)
     (folder / SOURCE).write_text(UNSOLVED)
-    hidden = inputs_for(rng, 4)
+    hidden, stated = inputs_for(rng, 4), problem.stated()
     for _ in range(100):  # an unstated step the hidden tests do not see would be no step at all
-        if not problem.unstated or any(problem.stated()(xs) != problem(xs) for xs in hidden):
+        if not problem.unstated or any(stated(xs) != problem(xs) for xs in hidden):
             break
         hidden = inputs_for(rng, 4)
     (folder / VISIBLE).write_text(test_module(problem, visible_inputs(problem, hidden, rng), "visible"))
@@ -187,7 +188,8 @@ def honest_misses(problem: ToyProblem) -> list[ToyProblem]:
     unstated step, what its statement says (and that one's wrong variants)."""
     if not problem.unstated:
         return wrong_variants(problem)
-    return [problem.stated(), *wrong_variants(problem.stated())]
+    stated = problem.stated()
+    return [stated, *wrong_variants(stated)]
 
 
 def expert_chats(count: int, seed: int, *, right: float, hack: float) -> Iterator[dict[str, Any]]:

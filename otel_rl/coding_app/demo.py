@@ -51,6 +51,11 @@ class CodingPlan:
     rl_lr: float
     concurrency: int  # sandboxed rollouts at a time
 
+    @property
+    def pass_steps(self) -> int:
+        """Steps of one pass over the tasks: groups take every task once per pass (train/tasks.py)."""
+        return -(-self.tasks // self.groups_per_step)
+
 
 FULL = CodingPlan(
     tasks=16, unstated_tasks=6, expert_chats=2000, expert_right=0.35, expert_hack=0.02,
@@ -220,9 +225,8 @@ def run_coding_demo(
             results[arm] = run_online(arm_settings(arm, plan, url, token, start, workdir, inputs), console)
             timings[f"{arm}_s"] = time.monotonic() - stage
     store = workdir / "otel_rl.duckdb"
-    epoch_steps = -(-plan.tasks // plan.groups_per_step)  # steps that draw every task once
     read = partial(query, db=store)
-    arms = {arm: arm_figures(read, result.steps, epoch_steps) for arm, result in results.items()}
+    arms = {arm: arm_figures(read, result.steps, plan.pass_steps) for arm, result in results.items()}
     report = {
         "arms": arms,
         "expectations": expectations(arms),

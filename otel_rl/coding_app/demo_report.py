@@ -38,10 +38,10 @@ def _rates(rows: pl.DataFrame) -> dict[str, Any]:
     }
 
 
-def arm_figures(read: reads.Run, steps: Sequence[StepRecord], epoch_steps: int) -> dict[str, Any]:
+def arm_figures(read: reads.Run, steps: Sequence[StepRecord], pass_steps: int) -> dict[str, Any]:
     """One arm's figures: per step (the rollouts of the groups each update trained on), and at the start
-    and end: the mean over the first and the last `epoch_steps` steps (at most half the steps each). Groups
-    take every task once per epoch (train/tasks.py), so with the steps of one epoch the start and the end
+    and end: the mean over the first and the last `pass_steps` steps (at most half the steps each). Groups
+    take every task once per pass (train/tasks.py), so with the steps of one pass the start and the end
     are measured on the same tasks: a step alone draws a few of them, and their difficulty swamps learning."""
     frame = reads.demo_train_rollouts(read)
     per_step = []
@@ -52,7 +52,7 @@ def arm_figures(read: reads.Run, steps: Sequence[StepRecord], epoch_steps: int) 
             {"step": record.step, **_rates(rows), "screened": record.screened, "wall_s": record.wall_s,
              "train_s": record.train_s, "pipeline_share": pipeline / record.wall_s if record.wall_s else 0.0}
         )  # fmt: skip
-    window = max(1, min(epoch_steps, len(per_step) // 2))
+    window = max(1, min(pass_steps, len(per_step) // 2))
 
     def mean(key: str, part: list[dict[str, Any]]) -> float:
         return sum(step[key] for step in part) / len(part) if part else 0.0
