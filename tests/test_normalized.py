@@ -14,6 +14,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+from dated_traffic import gauge_request
 from from_scratch import differences
 from gateway_server import GatewayServer
 from google.protobuf.message import Message
@@ -23,7 +24,7 @@ from otel_fixtures import CLI_CAPTURES, captured_requests, framework_captures, r
 from prometheus_client.parser import text_string_to_metric_families
 from rollout_traffic import rollout_requests
 
-from otel_rl.collector.ingest import logs_batch, traces_batch
+from otel_rl.collector.ingest import logs_batch, metrics_batch, traces_batch
 from otel_rl.store import Store
 from otel_rl.store.definitions import NORMALIZED
 from otel_rl.store.normalizer import NotNormalized
@@ -140,6 +141,28 @@ def test_a_read_after_a_commit_waits_for_that_commit_only(tmp_path) -> None:
         both = store.query_arrow("SELECT rollout_id FROM rollouts ORDER BY 1")["rollout_id"].to_pylist()
 
     assert read["rollout_id"].to_pylist() == ["r-0"] and both == ["r-0", "r-1"]
+
+
+def test_a_commit_that_names_nothing_moves_the_watermark_and_keeps_every_normalized_row(tmp_path) -> None:
+    start = time.time_ns()
+    with Store(tmp_path / "store.duckdb") as store:
+        spans, reward = rollout_requests("r-0", start)
+        wait([store.submit(traces_batch(spans, "admin")), store.submit(logs_batch(store, reward, "admin"))])
+        store.wait_normalized()
+        before = {name: store.query_arrow(f"SELECT * FROM {name}").num_rows for name in NORMALIZED}
+        store.submit(metrics_batch(gauge_request("queue.depth", 3.0), "admin")).result()  # no span, no log
+        store.wait_normalized()
+        empty_round = store.normalizer.last_round
+        after = {name: store.query_arrow(f"SELECT * FROM {name}").num_rows for name in NORMALIZED}
+        later, _ = rollout_requests("r-1", start)  # and rounds go on from the watermark it moved
+        store.submit(traces_batch(later, "admin")).result()
+        store.wait_normalized()
+        rollouts = store.query_arrow("SELECT rollout_id FROM rollouts ORDER BY 1")["rollout_id"].to_pylist()
+        through, committed = store.normalizer.through, store.seen_through()
+
+    assert empty_round.rows == 0 and empty_round.commits == 1
+    assert after == before and before["rollout_rows"] == 1 and before["rewards"] >= 1
+    assert rollouts == ["r-0", "r-1"] and through == committed
 
 
 def test_a_read_during_a_backlog_waits_within_its_time_limit_for_the_commit_it_needs(tmp_path) -> None:

@@ -91,15 +91,13 @@ def group_samples(
     tokenizer needed). The normalized tables are read once they include the groups' newest status or call
     span (launcher.Collected.seen_through), not every commit the next groups made since."""
     from otel_rl.transforms.samples import SampleOptions, build_samples
-    from otel_rl.transforms.screening import FLAGS_COLUMN
 
     started = time.perf_counter()
     query = partial(client.query, after_commit=found.seen_through)
     reads.await_normalized(query)  # until the normalized tables include the groups' newest spans
     waited = time.perf_counter()
-    calls, rollouts, rewards = read_groups(query, found.groups, found.started_ns)
-    if not config.algorithm.screen_flagged:
-        rollouts = rollouts.drop(FLAGS_COLUMN)  # read without their flags: all kept
+    screening = config.algorithm.screen_flagged  # without their flags, the rollouts are all kept
+    calls, rollouts, rewards = read_groups(query, found.groups, found.started_ns, flags=screening)
     options = SampleOptions(
         reward=config.reward.spec(),
         estimator=config.algorithm.advantage_estimator,

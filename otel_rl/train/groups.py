@@ -107,10 +107,11 @@ def reusable_groups(
 
 
 def read_groups(
-    run: reads.Run, groups: Sequence[str], started_ns: int | None = None
+    run: reads.Run, groups: Sequence[str], started_ns: int | None = None, *, flags: bool = True
 ) -> tuple[pl.DataFrame, pl.DataFrame, pl.DataFrame]:
     """The calls, rollouts and rewards of the groups' final attempts (`run` asks the server); `started_ns`:
-    when the oldest of those attempts started, when the caller knows it.
+    when the oldest of those attempts started, when the caller knows it; `flags`: the rollouts with their
+    detectors (FLAGS_COLUMN, for screening), the largest of the reads.
 
     Calls and rewards come from `llm_calls` and `rewards`, the views users query (tables the store keeps
     normalized). Everything read started or arrived after the oldest final attempt did: bounding the reads by
@@ -131,7 +132,7 @@ def read_groups(
     received = datetime.fromtimestamp(since / 1e9, UTC)
     rewards = reads.received_rewards(run, rollouts["rollout_id"].to_list(), received)
     calls, rewards = final_attempts_only(calls, rewards, attempts)
-    return calls, with_flags(rollouts, run), rewards
+    return calls, with_flags(rollouts, run) if flags else rollouts, rewards
 
 
 async def await_in_store(
