@@ -12,6 +12,7 @@ import time
 from concurrent.futures import wait
 from pathlib import Path
 
+import duckdb
 import httpx
 import pytest
 from dated_traffic import gauge_request
@@ -25,7 +26,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from rollout_traffic import rollout_requests
 
 from otel_rl.collector.ingest import logs_batch, metrics_batch, traces_batch
-from otel_rl.store import Store
+from otel_rl.store import Store, normalize
 from otel_rl.store.definitions import NORMALIZED
 from otel_rl.store.normalizer import NotNormalized
 from otel_rl.store.schema import default_transforms_dir
@@ -119,6 +120,30 @@ def test_a_commit_the_views_cannot_normalize_is_skipped_and_kept_raw_and_the_res
 
     assert rollouts == ["r-0", "r-1"] and raw == 3  # the poisoned rollout's spans are kept, raw
     assert len(skipped) == 1 and "a poisoned rollout" in skipped[0]["error"]
+
+
+def test_a_round_interrupted_after_its_commit_is_not_normalized_twice(tmp_path, monkeypatch) -> None:
+    # A reader preempts the background round (wait_for): its interrupt may land after the round committed,
+    # before the thread heard of it. The next round must go on from the stored watermark, not redo the round
+    # (which read the round's rows twice: a rollout's reward twice in `rewards`, seen once in CI).
+    real_round, interrupted = normalize.run_round, []
+
+    def committed_then_interrupted(*args, **kwargs):
+        done = real_round(*args, **kwargs)
+        if not interrupted:
+            interrupted.append(done.through)
+            raise duckdb.InterruptException("INTERRUPT Error: Interrupted!")
+        return done
+
+    monkeypatch.setattr(normalize, "run_round", committed_then_interrupted)
+    db = tmp_path / "store.duckdb"
+    with Store(db) as store:
+        spans, reward = rollout_requests("r-0", time.time_ns())
+        wait([store.submit(traces_batch(spans, "admin")), store.submit(logs_batch(store, reward, "admin"))])
+        store.wait_normalized(timeout_s=60)
+        rewards = store.query_arrow("SELECT rollout_id FROM rewards")["rollout_id"].to_pylist()
+    assert interrupted and rewards == ["r-0"]
+    assert differences(db) == {name: (0, 0) for name in NORMALIZED}
 
 
 def test_a_read_after_a_commit_waits_for_that_commit_only(tmp_path) -> None:

@@ -251,6 +251,13 @@ class Normalizer:
             if deadline is not None:
                 watch.start()
             since = self._through
+            # A round an interrupt (wait_for's) reached after its COMMIT ended in an error with its work
+            # stored: the stored watermark says so, and its commits are not normalized again (they were
+            # read twice: a reward twice in `rewards`).
+            stored, _ = normalize.read_state(con)
+            if stored > since:
+                self._advance(stored)
+                return
             until = self._round_end(con, since, self._committed if upto is None else upto)
             try:
                 done = self._normalize(con, since, until)
@@ -323,15 +330,18 @@ class Normalizer:
         self.rounds += 1
         self.rows += done.rows
         self.scope_traces += done.scope_traces
+        self._advance(done.through)
+        for observe in self.round_observers:
+            observe(done)
+
+    def _advance(self, through: int) -> None:
         with self._wake:
-            self._through = done.through
-            while len(self._made) > 1 and self._made[1][0] <= done.through + 1:
+            self._through = through
+            while len(self._made) > 1 and self._made[1][0] <= through + 1:
                 self._made.popleft()  # the stretch of the oldest pending commit is the first one kept
             if self.lag == 0:
                 self._made.clear()
             self._wake.notify_all()
-        for observe in self.round_observers:
-            observe(done)
 
     def _failed(self, exc: Exception) -> None:
         """Say why (once per outage), then wait a little before the next try."""
