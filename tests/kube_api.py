@@ -122,6 +122,9 @@ class KubeApiStandIn:
         self.envs: dict[str, dict[str, str]] = {}  # pod name -> the environment its harness would see
         self.secrets_ever: set[str] = set()
         self.containers: dict[str, LocalContainer] = {}  # pod name -> its running container (behaviour run)
+        self.held_back: set[str] = (
+            set()
+        )  # kinds whose changes no watch streams (a watch far behind): lists only
         self._watches: list[_Watch] = []
         self._pods_by_job: dict[str, set[str]] = {}
         self._live_jobs: set[str] = set()
@@ -219,7 +222,7 @@ class KubeApiStandIn:
         snapshot = copy.deepcopy(obj)
         self.history.append((self.version, kind, event, snapshot))
         for watch in self._watches:
-            if watch.kind == kind and _matches(snapshot, watch.selector):
+            if watch.kind == kind and kind not in self.held_back and _matches(snapshot, watch.selector):
                 watch.queue.put_nowait((event, snapshot))
         return obj
 

@@ -111,6 +111,15 @@ def test_status_from_the_cluster(statuses, otel_rl_server, behaviour, expected):
     assert [row["trace_id"] for row in rows] == [a.trace_id for a in result.attempts]
 
 
+def test_a_failure_the_pod_watch_has_not_shown_yet_is_read_from_the_api(otel_rl_server, tmp_path):
+    # The Jobs' and the Pods' watches are two streams: the Job's failure may come first (seen under load).
+    # The harness's own failure is still an error, not an infra error retried.
+    with KubeApiStandIn() as stand:
+        stand.held_back.add("Pod")
+        [result], _ = run_all(stand, otel_rl_server, tmp_path, [rollout("fail")])
+    assert [(a.status, a.exit_code) for a in result.attempts] == [(ERROR, 1)]
+
+
 def test_each_attempts_key_is_revoked_when_its_attempt_ends(statuses, otel_rl_server):
     _, results = statuses
     for result in results.values():

@@ -75,6 +75,14 @@ class ClusterView:
                 await event.wait()
         event.clear()
 
+    async def read_pods(self, job: str) -> list[dict[str, Any]]:
+        """The Job's Pods as the API lists them now (the watch may be behind), kept in the cache."""
+        items, _ = await self._api.list_pods(self._selector)
+        for pod in items:
+            if _owner_job(pod) == job:
+                self._put_pod(pod)
+        return self.pods_of(job)
+
     def forget(self, job: str) -> None:
         self._changed.pop(job, None)
         if not self._pods_by_job.get(job):

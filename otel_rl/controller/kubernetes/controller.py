@@ -284,6 +284,7 @@ class KubernetesController:
         """The attempt's ending, and whether its Job must still be stopped."""
         view, api = self._view, self._api_or_fail()
         assert view is not None
+        pods_read = False
         while True:
             job = view.jobs.get(name)
             if job is None:  # not (or no longer) in the cache: ask the API itself
@@ -294,12 +295,16 @@ class KubernetesController:
                         return Ending(RolloutStatus.INFRA_ERROR, None, "Job deleted"), False
                     raise
                 view.put_job(job)
+            pods = view.pods_of(name)
             found = ending(
-                job,
-                view.pods_of(name),
-                now=datetime.now(UTC),
-                pending_timeout_s=self.kubernetes.pending_timeout_s,
+                job, pods, now=datetime.now(UTC), pending_timeout_s=self.kubernetes.pending_timeout_s
             )
+            if found is not None and found.without_pod and not pods_read:
+                # The Jobs' and the Pods' watches are two streams: a Job's failure can arrive before its
+                # pod's exit does (seen under load: a harness's own failure retried as an infra error).
+                pods_read = True
+                if await view.read_pods(name) != pods:
+                    continue
             if found is not None:
                 return found, _finished(job) is None
             # Without events, wake up to notice a pod pending for too long.

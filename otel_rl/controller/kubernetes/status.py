@@ -25,6 +25,7 @@ STUCK_WAITING = frozenset(
         "RunContainerError",
     }
 )
+NO_POD = "(no pod)"  # the reason's end for a failed Job without a pod that says why
 # The pod was removed from under the harness (status.reason, or the DisruptionTarget condition's reason).
 DISRUPTED = frozenset(
     {
@@ -49,6 +50,11 @@ class Ending:
     status: RolloutStatus
     exit_code: int | None
     reason: str
+
+    @property
+    def without_pod(self) -> bool:
+        """A failed Job that no pod, as the caller saw them, explains."""
+        return self.reason.endswith(NO_POD)
 
 
 def ending(
@@ -83,7 +89,7 @@ def ending(
                 return Ending(RolloutStatus.CRASHED, code, terminated.get("reason") or "Signal")
             return Ending(RolloutStatus.ERROR, code, terminated.get("reason") or "Error")
     # Failed without a pod that says why: the pod was deleted or its node is gone.
-    return Ending(RolloutStatus.INFRA_ERROR, None, f"{reason or 'Failed'} (no pod)")
+    return Ending(RolloutStatus.INFRA_ERROR, None, f"{reason or 'Failed'} {NO_POD}")
 
 
 def _finished_condition(job: Mapping[str, Any]) -> tuple[str, str] | None:
