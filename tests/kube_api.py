@@ -122,9 +122,8 @@ class KubeApiStandIn:
         self.envs: dict[str, dict[str, str]] = {}  # pod name -> the environment its harness would see
         self.secrets_ever: set[str] = set()
         self.containers: dict[str, LocalContainer] = {}  # pod name -> its running container (behaviour run)
-        self.held_back: set[str] = (
-            set()
-        )  # kinds whose changes no watch streams (a watch far behind): lists only
+        # Kinds whose changes no watch streams (a watch far behind): only lists see them.
+        self.held_back: set[str] = set()
         self._watches: list[_Watch] = []
         self._pods_by_job: dict[str, set[str]] = {}
         self._live_jobs: set[str] = set()
