@@ -235,6 +235,44 @@ def test_two_online_steps_advance_the_policy_and_use_no_stale_sample(gateway, ti
     ]
 
 
+def test_the_next_batch_is_built_while_the_update_runs(gateway, tiny_model_dir, tmp_path):
+    """Step k+1's groups are collected and its samples built from the moment step k's update starts: what a
+    step waits for its batch is then shorter than collecting and building it by at least the update, save
+    and reload before it. With max_staleness 1 no sample is older than one version behind."""
+    config = config_from_dict(
+        {
+            "model": str(tiny_model_dir),
+            "output_dir": str(tmp_path / "run"),
+            "steps": 3,
+            "server": {"url": gateway.http_url, "token": gateway.token},
+            "algorithm": {"group_size": 2, "groups_per_step": 2, "max_staleness": 1},
+            "reward": {"trusted_sources": ["harness"]},
+            "online": {"tasks": str(calc_tasks(tmp_path / "train.jsonl", 8, "train")), "harness": AGENT},
+        }
+    )
+    client = ServerClient(gateway.http_url, gateway.token)
+    try:
+        steps = run_online(config).steps
+    finally:
+        client.set_policy(tiny_model_dir, client.policy()["version"] + 1)
+
+    first, *later = steps
+    assert first.batch_wait_s >= first.collect_s + first.transform_s  # nothing built it earlier
+    for before, step in zip(steps, later, strict=False):
+        overlapped = step.collect_s + step.transform_s - step.batch_wait_s
+        assert overlapped >= before.train_s + before.save_s + before.reload_s - 0.05
+        assert step.transform_waited_s <= step.transform_s
+        assert step.batch_wait_s + step.train_s + step.save_s + step.reload_s <= step.wall_s + 0.05
+    for step in steps:
+        versions = gateway.sql(
+            "SELECT DISTINCT c.policy_version FROM llm_calls c JOIN rollouts r USING (rollout_id, attempt_id)"
+            f" WHERE c.group_id IN ({', '.join('?' * len(step.group_ids))})",
+            step.group_ids,
+        ).column(0)
+        assert set(versions.to_pylist()) <= {step.policy_version - 2, step.policy_version - 1}
+    assert_same_samples_as_the_views_from_scratch(gateway, config, steps)
+
+
 def test_an_unreachable_server_is_named_in_the_error():
     client = ServerClient(f"http://127.0.0.1:{free_ports(1)[0]}", "token")
     with pytest.raises(OnlineTrainingError, match="cannot reach the otel-rl server at http://127.0.0.1:"):

@@ -47,10 +47,9 @@ def arm_figures(read: reads.Run, steps: Sequence[StepRecord], pass_steps: int) -
     per_step = []
     for record in steps:
         rows = frame.filter(pl.col("group_id").is_in(record.group_ids))
-        pipeline = record.transform_s + record.save_s + record.reload_s
         per_step.append(
             {"step": record.step, **_rates(rows), "screened": record.screened, "wall_s": record.wall_s,
-             "train_s": record.train_s, "pipeline_share": pipeline / record.wall_s if record.wall_s else 0.0}
+             "train_s": record.train_s, "pipeline_share": record.pipeline_share}
         )  # fmt: skip
     window = max(1, min(pass_steps, len(per_step) // 2))
 

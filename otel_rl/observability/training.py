@@ -17,7 +17,9 @@ from prometheus_client.registry import Collector
 from otel_rl import attributes as attr
 from otel_rl.store.layout import VOUCHED_SENDERS
 
-STEP_PHASES = ("collect", "transform", "train", "save", "reload")  # a step's wall time, in order
+# A step's phases (StepRecord <phase>_s): collect and transform run during the update before it, and
+# batch_wait (of which transform_waited) is what the step still waited for them
+STEP_PHASES = ("collect", "transform", "train", "save", "reload", "batch_wait", "transform_waited")
 TRANSFORM_PARTS = ("wait", "read", "build")  # the transform phase's time, in order (StepRecord transform_*_s)
 # Eval names come from the run's config (eval.harnesses): a handful. More would be a mistake, not a need.
 MAX_EVAL_NAMES = 16
@@ -58,7 +60,9 @@ class TrainingMetrics(Collector):
         self.loss = Gauge("otel_rl_train_loss", "The last step's objective.", registry=None)
         self.phase_seconds = Gauge(
             "otel_rl_train_step_phase_seconds",
-            "Time of each phase of the last step (collect, transform, train, save, reload).",
+            "Time of each phase of the last step (collect, transform, train, save, reload; batch_wait: what"
+            " the step waited for its batch, collected and built during the update before it, and"
+            " transform_waited: the part of that the transform was).",
             ["phase"],
             registry=None,
         )

@@ -69,6 +69,8 @@ STEP_FIGURES = (
     "transform_wait_s",
     "transform_read_s",
     "transform_build_s",
+    "batch_wait_s",
+    "transform_waited_s",
 )
 TRAINER_FIGURES = ("loss", "mismatch", "is_weight_mean", "grad_norm")
 EVAL_FIGURES = ("reward_mean", "success_rate", "rollouts", "wall_s")

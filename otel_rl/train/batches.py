@@ -39,6 +39,7 @@ class StepBatch:
     collect_s: float  # of the last round of collection
     transform_s: float
     transform: TransformTimes  # transform_s in parts
+    ready_at: float  # when its samples were built (time.monotonic)
 
 
 async def collect_batch(
@@ -76,6 +77,7 @@ async def collect_batch(
                 collected - collect_started,
                 transformed - collected,
                 times,
+                transformed,
             )
         await launcher.release(len(groups))
     raise OnlineTrainingError(

@@ -19,7 +19,7 @@ from rich.console import Console
 
 from otel_rl import attributes as attr
 from otel_rl.controller.backends import RolloutRunner
-from otel_rl.train.batches import collect_batch
+from otel_rl.train.batches import StepBatch, collect_batch
 from otel_rl.train.config import TrainConfig
 from otel_rl.train.controllers import open_runner, train_settings
 from otel_rl.train.evaluation import Evaluator
@@ -55,6 +55,7 @@ class OnlineLoop:
         self.colocated = False  # read from the gateway at the start (`serve --colocated`)
         resumed = latest_checkpoint(config.output_dir)
         self.checkpoint, self.state = resumed if resumed else (config.model, OnlineState())
+        self._next_batch: asyncio.Task[StepBatch] | None = None  # collected and built during an update
 
     async def run(self) -> OnlineResult:
         config = self.config.model_copy(update={"model": self.checkpoint})
@@ -84,6 +85,7 @@ class OnlineLoop:
             runner = open_runner(self.config, self.client, train_settings(self.config), self.run_id)
             launcher = GroupLauncher(self.config, self.client, runner, self.tasks, self.run_id, self.state)
             stack.push_async_callback(launcher.aclose)
+            stack.push_async_callback(self._drop_next_batch)  # before the launcher it collects from
             reused = await asyncio.to_thread(unused_groups, self.client, self.config, self.run_id, self.state)
             launcher.start(reused)
             with StepProgress(self.console, self.config.steps, self.state.step) as progress:
@@ -116,13 +118,24 @@ class OnlineLoop:
 
         started, started_ns = time.monotonic(), time.time_ns()
         version = self.state.version
-        batch = await collect_batch(self.config, self.client, launcher, version, progress.show, self.console)
+        batch = await self._batch(launcher, version, progress)
+        batch_ready = time.monotonic()
         if self.colocated:
             progress.show("putting the servers to sleep")
             await asyncio.to_thread(self.client.sleep_servers)
         train_started = time.monotonic()
         progress.show(f"training on {batch.samples.height} samples")
-        metrics = await asyncio.to_thread(trainer.step, to_dataproto(batch.samples, trainer.pad_token_id))
+        training = asyncio.create_task(
+            asyncio.to_thread(trainer.step, to_dataproto(batch.samples, trainer.pad_token_id))
+        )
+        if self.state.step + 1 < self.config.steps:
+            # The next batch is collected and built while this update runs (on a GPU the transform's CPU
+            # work is free there): its groups are those finished by then, as they would be after the
+            # reload, and their staleness is judged against the version this update makes.
+            self._next_batch = asyncio.create_task(
+                collect_batch(self.config, self.client, launcher, version + 1, _quiet, self.console)
+            )
+        metrics = await training
         trained = time.monotonic()
         self.state.step += 1
         self.state.version = version + 1
@@ -163,10 +176,36 @@ class OnlineLoop:
             transform_read_s=batch.transform.read_s,
             transform_build_s=batch.transform.build_s,
             colocated_pause_s=reload["colocated_pause_ms"] / 1000 if self.colocated else None,
+            batch_wait_s=batch_ready - started,
+            # the transform ran from ready_at - transform_s to ready_at: the part after this step started
+            transform_waited_s=min(batch.transform_s, max(0.0, batch.ready_at - started)),
         )
         # Exported now: a loop killed later must not lose the record of a step whose checkpoint exists.
         await asyncio.to_thread(recorder.record, attr.TRAIN_STEP_SPAN_NAME, record, started_ns)
         return record
+
+    async def _batch(self, launcher: GroupLauncher, version: int, progress: StepProgress) -> StepBatch:
+        """The step's batch: the one built during the last update, or one collected now (the first step, a
+        resumed run's first)."""
+        if self._next_batch is None:
+            show = progress.show
+            return await collect_batch(self.config, self.client, launcher, version, show, self.console)
+        building, self._next_batch = self._next_batch, None
+        if not building.done():
+            progress.show(f"waiting for {self.config.algorithm.groups_per_step} groups and their samples")
+        return await building
+
+    async def _drop_next_batch(self) -> None:
+        """A run that ends (or fails) with a batch still being built: stop building it (its groups are
+        finished and not trained on: a resumed run takes them, resume.unused_groups)."""
+        if self._next_batch is not None:
+            self._next_batch.cancel()
+            await asyncio.gather(self._next_batch, return_exceptions=True)
+            self._next_batch = None
+
+
+def _quiet(_phase: str) -> None:
+    """The progress line of a batch built during an update: it shows the update."""
 
 
 def run_online(config: TrainConfig, console: Console | None = None) -> OnlineResult:

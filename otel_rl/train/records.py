@@ -49,6 +49,16 @@ class StepRecord:
     # A colocated gateway (`serve --colocated`): how long calls were held while the servers slept for the
     # update (drain, sleep, train, save, wake, reload); None when the servers stay up beside the trainer
     colocated_pause_s: float | None = None
+    # A step's batch is collected and built while the step before it trains: what this step still waited
+    # for, from its start, its batch (collect and transform) and, of that, the transform
+    batch_wait_s: float = 0.0
+    transform_waited_s: float = 0.0
+
+    @property
+    def pipeline_share(self) -> float:
+        """The pipeline's share of the step's wall time: the transform it waited for, save and reload."""
+        pipeline = self.transform_waited_s + self.save_s + self.reload_s
+        return pipeline / self.wall_s if self.wall_s else 0.0
 
 
 @dataclass

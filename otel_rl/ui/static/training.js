@@ -6,7 +6,10 @@ import { lineChart, stackedBars } from "./charts.js";
 import { downloads, el, section, time } from "./dom.js";
 
 const POLL_MS = 3000;
-const STEP_PARTS = ["collect_s", "transform_s", "train_s", "save_s", "reload_s"];
+// A step's wall time: its batch is collected and built during the update before it, so what the step
+// waited for it (batch_wait_s) comes first; a step recorded before that overlap waited for all of both.
+const STEP_PARTS = ["batch_wait_s", "train_s", "save_s", "reload_s"];
+const waited = (s) => ({ ...s, batch_wait_s: s.batch_wait_s ?? s.collect_s + s.transform_s });
 const TRANSFORM_PARTS = ["transform_wait_s", "transform_read_s", "transform_build_s"];
 const RELOAD_PARTS = ["drain_ms", "pause_ms", "reload_ms", "verify_ms", "resume_ms"];
 
@@ -47,7 +50,7 @@ async function draw(board, run, lag) {
     chart("staleness", paths.staleness, lineChart([series(staleness, "max versions behind", "max_lag"), series(staleness, "mean", "mean_lag"),
       series(steps, "stale groups dropped", "stale_groups")], { yLabel: "versions / groups" })),
     chart("screened by hack detectors", paths.steps, lineChart([series(steps, "rollouts screened", "screened")], { yLabel: "rollouts" })),
-    chart("step time", paths.steps, stackedBars(STEP_PARTS, steps.map((s) => ({ x: s.step, values: s })), { yLabel: "s" })),
+    chart("step time", paths.steps, stackedBars(STEP_PARTS, steps.map((s) => ({ x: s.step, values: waited(s) })), { yLabel: "s" })),
     // the transform's parts: waiting for the normalized tables, reading the step's rows, building samples
     chart("transform time", paths.steps, stackedBars(TRANSFORM_PARTS, steps.map((s) => ({ x: s.step, values: s })), { yLabel: "s" })),
     chart("reload phases", paths.reloads, reloads.length
