@@ -160,7 +160,9 @@ def format_step(record: StepRecord) -> str:
         f"step {record.step:>4}  reward {record.reward_mean:.3f}  success {record.success_rate:6.1%}  "
         f"samples {record.samples}  tokens {record.sampled_tokens}  stale {record.stale_groups}  "
         f"screened {record.screened}  "
-        f"collect {record.collect_s:.2f}s  transform {record.transform_s:.2f}s  train {record.train_s:.2f}s  "
+        # collect and transform mostly ran during the update before: the step waited `waited` for them
+        f"collect {record.collect_s:.2f}s  transform {record.transform_s:.2f}s  "
+        f"waited {record.batch_wait_s:.2f}s  train {record.train_s:.2f}s  "
         f"reload {record.reload_s:.2f}s" + (f"  mismatch {mismatch:.2e}" if mismatch is not None else "")
     )
 
