@@ -132,6 +132,24 @@ def calc_tasks(path: Path, n: int, split: str) -> Path:
     return write_tasks(path, sample_tasks(train if split == "train" else heldout, n, split, seed=0))
 
 
+def calc_config(
+    server: ServerProcess, model: Path, out: Path, steps: int, max_staleness: int = 0, **eval_settings
+) -> TrainConfig:
+    """An online run of the calculator agent, groups of 2, two a step, trusting the agent's own reward."""
+    return config_from_dict(
+        {
+            "model": str(model),
+            "output_dir": str(out / "run"),
+            "steps": steps,
+            "server": {"url": server.http_url, "token": server.token},
+            "algorithm": {"group_size": 2, "groups_per_step": 2, "max_staleness": max_staleness},
+            "reward": {"trusted_sources": ["harness"]},  # the calculator agent grades itself
+            "online": {"tasks": str(calc_tasks(out / "train.jsonl", 8, "train")), "harness": AGENT},
+            "eval": eval_settings,
+        }
+    )
+
+
 def assert_trained_only_on_the_version_before(gateway: ServerProcess, steps: list[StepRecord]) -> None:
     """max_staleness 0: every call of the groups a step trained on was sampled by the policy right before it.
     (Also asserted of the verl backend, in test_online_verl.py.)"""
@@ -184,18 +202,7 @@ def recorded_versions(gateway: ServerProcess, run_id: str) -> list[tuple[str, in
 
 def test_two_online_steps_advance_the_policy_and_use_no_stale_sample(gateway, tiny_model_dir, tmp_path):
     def config(steps: int, **eval_settings) -> TrainConfig:
-        return config_from_dict(
-            {
-                "model": str(tiny_model_dir),
-                "output_dir": str(tmp_path / "run"),
-                "steps": steps,
-                "server": {"url": gateway.http_url, "token": gateway.token},
-                "algorithm": {"group_size": 2, "groups_per_step": 2, "max_staleness": 0},
-                "reward": {"trusted_sources": ["harness"]},  # the calculator agent grades itself
-                "online": {"tasks": str(calc_tasks(tmp_path / "train.jsonl", 8, "train")), "harness": AGENT},
-                "eval": eval_settings,
-            }
-        )
+        return calc_config(gateway, tiny_model_dir, tmp_path, steps, **eval_settings)
 
     client = ServerClient(gateway.http_url, gateway.token)
     start_version = client.policy()["version"]
@@ -240,17 +247,7 @@ def test_the_next_batch_is_built_while_the_update_runs(gateway, tiny_model_dir, 
     step waits for its batch is then shorter than collecting and building it by the update, save and reload
     before it (or by all of it, when the batch was ready before the step began). With max_staleness 1 no
     sample is older than one version behind."""
-    config = config_from_dict(
-        {
-            "model": str(tiny_model_dir),
-            "output_dir": str(tmp_path / "run"),
-            "steps": 3,
-            "server": {"url": gateway.http_url, "token": gateway.token},
-            "algorithm": {"group_size": 2, "groups_per_step": 2, "max_staleness": 1},
-            "reward": {"trusted_sources": ["harness"]},
-            "online": {"tasks": str(calc_tasks(tmp_path / "train.jsonl", 8, "train")), "harness": AGENT},
-        }
-    )
+    config = calc_config(gateway, tiny_model_dir, tmp_path, 3, max_staleness=1)
     client = ServerClient(gateway.http_url, gateway.token)
     try:
         steps = run_online(config).steps

@@ -6,9 +6,8 @@ memory (its worker ignores sleep); tests/test_gateway_colocated.py shows the gat
 import httpx
 import pytest
 from otel_rl_server import ServerProcess
-from test_online import AGENT, assert_trained_only_on_the_version_before, calc_tasks
+from test_online import assert_trained_only_on_the_version_before, calc_config
 
-from otel_rl.train.config import config_from_dict
 from otel_rl.train.online import run_online
 from otel_rl.train.server_client import ServerClient
 
@@ -23,17 +22,7 @@ def colocated(vllm_server, tmp_path_factory):
 
 
 def test_an_online_step_sleeps_the_server_for_the_update(colocated, vllm_server, tiny_model_dir, tmp_path):
-    config = config_from_dict(
-        {
-            "model": str(tiny_model_dir),
-            "output_dir": str(tmp_path / "run"),
-            "steps": 1,
-            "server": {"url": colocated.http_url, "token": colocated.token},
-            "algorithm": {"group_size": 2, "groups_per_step": 2, "max_staleness": 0},
-            "reward": {"trusted_sources": ["harness"]},
-            "online": {"tasks": str(calc_tasks(tmp_path / "train.jsonl", 8, "train")), "harness": AGENT},
-        }
-    )
+    config = calc_config(colocated, tiny_model_dir, tmp_path, 1)
     client = ServerClient(colocated.http_url, colocated.token)
     assert client.policy()["colocated"] is True
     try:
