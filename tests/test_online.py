@@ -259,7 +259,7 @@ def test_the_next_batch_is_built_while_the_update_runs(gateway, tiny_model_dir, 
     for before, step in zip(steps, later, strict=False):
         built = step.collect_s + step.transform_s
         overlapped = built - step.batch_wait_s
-        # less the update's input tensors built before the batch's collection starts (train_s counts them)
+        # less the event loop's turn between the update's start and the batch's collection's
         assert overlapped >= min(built, before.train_s + before.save_s + before.reload_s) - 0.25
         assert step.transform_waited_s <= step.transform_s
         assert step.batch_wait_s + step.train_s + step.save_s + step.reload_s <= step.wall_s + 0.05

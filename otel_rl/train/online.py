@@ -125,9 +125,13 @@ class OnlineLoop:
             await asyncio.to_thread(self.client.sleep_servers)
         train_started = time.monotonic()
         progress.show(f"training on {batch.samples.height} samples")
-        training = asyncio.create_task(
-            asyncio.to_thread(trainer.step, to_dataproto(batch.samples, trainer.pad_token_id))
-        )
+
+        # Its tensors are built in its thread too (the first call imports verl): the next batch's collection
+        # starts now, not after them.
+        def update() -> dict[str, float]:
+            return trainer.step(to_dataproto(batch.samples, trainer.pad_token_id))
+
+        training = asyncio.create_task(asyncio.to_thread(update))
         if self.state.step + 1 < self.config.steps:
             # The next batch is collected and built while this update runs (on a GPU the transform's CPU
             # work is free there): its groups are those finished by then, as they would be after the
