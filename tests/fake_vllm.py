@@ -259,6 +259,7 @@ class FakeVLLM:
         self.calls_while_asleep = 0
         self.requests: list[RecordedRequest] = []
         self.health_checks = 0  # GET /health requests answered
+        self.health_delay_s = 0.0  # how long /health takes to answer (a busy server)
         self.faults: collections.deque[Fault] = collections.deque()
         self._queue: collections.deque[Reply | str] = collections.deque()
         self._responder: Responder = lambda request, index: f"Fake reply {index}."
@@ -401,6 +402,7 @@ class FakeVLLM:
         return JSONResponse({"results": [None]})
 
     async def _health(self, request: Request) -> Response:
+        await asyncio.sleep(self.health_delay_s)
         self.health_checks += 1
         return Response(status_code=200)
 

@@ -20,7 +20,7 @@ from otel_rl_server import OTEL_RL, ServerProcess
 from pydantic import ValidationError
 
 from otel_rl.gateway.client import KEEPALIVE_S, UpstreamClient
-from otel_rl.gateway.servers import CONNECT_FAILURES_TO_LEAVE, InferenceServer, retry_delay_s
+from otel_rl.gateway.servers import CONNECT_FAILURES_TO_LEAVE, InferenceServer, ServerPool, retry_delay_s
 from otel_rl.gateway.settings import GatewaySettings, server_root
 from otel_rl.gateway.vllm import free_ports
 
@@ -172,6 +172,31 @@ def test_a_failed_probe_takes_a_server_out_at_once_and_a_good_one_brings_it_back
     assert not server.available and server.state().endswith("(GET /health answered HTTP 503)")
     server.probed(None)
     assert server.available and server.consecutive_connect_failures == 0
+
+
+def test_slow_health_answers_take_a_server_out_only_when_they_come_in_a_row():
+    """vLLM on a busy CPU can answer /health after the probe's timeout while it serves calls: a reload in
+    between found no server to reload when one slow answer took it out."""
+
+    async def availability_after_each_probe(fake: FakeVLLM, delays: list[float]) -> list[bool]:
+        pool = ServerPool((fake.base_url,))
+        client = UpstreamClient(connect_timeout_s=5, read_timeout_s=5)
+        await client.start()
+        seen = []
+        try:
+            for delay_s in delays:
+                fake.health_delay_s = delay_s
+                await pool.probe(client, timeout_s=0.2)
+                seen.append(pool.servers[0].available)
+        finally:
+            await client.close()
+        return seen
+
+    slow, fast = 1.0, 0.0
+    with FakeVLLM() as fake:
+        after = asyncio.run(availability_after_each_probe(fake, [slow, slow, fast, slow, slow, slow, fast]))
+    assert CONNECT_FAILURES_TO_LEAVE == 3
+    assert after == [True, True, True, True, True, False, True]
 
 
 def test_connect_retries_back_off_from_50_ms_doubling_up_to_1_s():

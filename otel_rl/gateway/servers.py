@@ -1,8 +1,9 @@
 """The vLLM servers behind the gateway: health, routing by calls in flight, sticky rollouts, taking a failed
 server out.
 
-A server leaves the pool after CONNECT_FAILURES_TO_LEAVE connects in a row fail, or at a failed health probe;
-it rejoins at its next successful probe (which also checks that it serves the current policy's weights).
+A server leaves the pool after CONNECT_FAILURES_TO_LEAVE connects or health probes in a row fail to reach it in
+time, or at once when a probe is refused or answered with an error; it rejoins at its next successful probe
+(which also checks that it serves the current policy's weights).
 """
 
 import asyncio
@@ -57,7 +58,8 @@ class InferenceServer:
         return not self.healthy and self.out_reason is None
 
     def connect_failed(self, failure: str) -> bool:
-        """Count a failed connect (nothing reached vLLM); True when it makes the server leave the pool."""
+        """Count a failed connect (nothing reached vLLM) or a probe not answered in time; True when it makes
+        the server leave the pool."""
         self.failure = failure
         self.consecutive_connect_failures += 1
         left = self.healthy and self.consecutive_connect_failures >= CONNECT_FAILURES_TO_LEAVE
@@ -154,7 +156,16 @@ class ServerPool:
             if comes_back and not await self._serves_policy(client, server.url, timeout_s):
                 failure = "came back with other weights than the current policy's"
                 self.take_out(server, failure)
-        except (UpstreamError, ValueError, KeyError) as error:
+        except UpstreamError as error:
+            if error.kind == "timeout" and was_healthy:
+                # vLLM on a busy CPU can answer /health after the probe's timeout: a server that is serving
+                # leaves only after slow answers in a row, as after failed connects (a reload in the meantime
+                # would otherwise find no server to reload)
+                if server.connect_failed(str(error)):
+                    log.warning("inference server %s is unhealthy: %s", server.url, error)
+                return
+            failure = str(error)
+        except (ValueError, KeyError) as error:
             failure = str(error)
         server.probed(failure)
         if server.healthy != was_healthy:
