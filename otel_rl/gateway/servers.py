@@ -1,8 +1,8 @@
 """The vLLM servers behind the gateway: health, routing by calls in flight, sticky rollouts, taking a failed
 server out.
 
-A server leaves the pool after CONNECT_FAILURES_TO_LEAVE connects or health probes in a row fail to reach it in
-time, or at once when a probe is refused or answered with an error; it rejoins at its next successful probe
+A server leaves the pool after CONNECT_FAILURES_TO_LEAVE connects or health probes in a row fail to reach it
+in time, or at once when a probe is refused or answered with an error; it rejoins at its next successful probe
 (which also checks that it serves the current policy's weights).
 """
 
