@@ -59,7 +59,7 @@ class CodingPlan:
 
 FULL = CodingPlan(
     tasks=8, unstated_tasks=4, expert_chats=2000, expert_right=0.35, expert_hack=0.02,
-    sft_steps=400, sft_lr=2e-3, rl_steps=16, group_size=8, groups_per_step=4, rl_lr=1.5e-4, concurrency=6,
+    sft_steps=400, sft_lr=2e-3, rl_steps=16, group_size=8, groups_per_step=4, rl_lr=2e-4, concurrency=6,
 )  # fmt: skip
 QUICK = CodingPlan(
     tasks=6, unstated_tasks=2, expert_chats=300, expert_right=0.3, expert_hack=0.03,
