@@ -157,14 +157,12 @@ class ServerPool:
                 failure = "came back with other weights than the current policy's"
                 self.take_out(server, failure)
         except UpstreamError as error:
-            if error.kind == "timeout" and was_healthy:
-                # vLLM on a busy CPU can answer /health after the probe's timeout: a server that is serving
-                # leaves only after slow answers in a row, as after failed connects (a reload in the meantime
-                # would otherwise find no server to reload)
-                if server.connect_failed(str(error)):
-                    log.warning("inference server %s is unhealthy: %s", server.url, error)
-                return
             failure = str(error)
+            # vLLM on a busy CPU can answer /health after the probe's timeout: a server that is serving leaves
+            # only after slow answers in a row, as after failed connects (a reload in the meantime would
+            # otherwise find no server to reload)
+            if error.kind == "timeout" and was_healthy and not server.connect_failed(failure):
+                return
         except (ValueError, KeyError) as error:
             failure = str(error)
         server.probed(failure)
