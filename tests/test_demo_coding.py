@@ -5,6 +5,7 @@ grader, as a user types it, and its figures are the store's."""
 import json
 import os
 import random
+import re
 import shutil
 import subprocess
 import sys
@@ -157,6 +158,28 @@ def test_quick_coding_demo_trains_three_arms_and_reports_from_the_store(quick_de
     assert report["failed_expectations"] == [e["text"] for e in expectations if not e["met"]]
     for text in report["failed_expectations"]:
         assert text in done.stdout.replace("\n", " ") or text[:40] in done.stdout
+
+
+def test_the_time_bench_splits_a_finished_runs_rollouts_and_times_the_floor_beneath_them(quick_demo):
+    """bench/coding_demo.py on the quick run: its rollouts read from the store, the floor timed beside."""
+    workdir, _ = quick_demo
+    bench = Path(__file__).parents[1] / "bench" / "coding_demo.py"
+    done = subprocess.run(
+        [sys.executable, str(bench), str(workdir), "--runs", "1"],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ, "COLUMNS": "200"},  # rich wraps at the terminal's width: one line a row here
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    called = query(
+        "SELECT count(DISTINCT rollout_id) AS n FROM rollouts JOIN llm_calls USING (rollout_id)",
+        db=workdir / "otel_rl.duckdb",
+    )["n"][0]
+    assert called > 0 and f"median of {called} rollouts" in done.stdout
+    floor = re.search(r"(\d+) rollouts over \d+ cores\s*│\s*(\d+)", done.stdout)
+    assert floor and int(floor.group(1)) == called and int(floor.group(2)) > 0
+    assert "beneath it the rollouts' floor" in done.stdout
 
 
 def start_from(workdir: Path, checkpoint: Path) -> subprocess.CompletedProcess:
