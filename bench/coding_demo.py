@@ -69,6 +69,8 @@ def main() -> None:
     args = parser.parse_args()
     report = json.loads((args.workdir / "report.json").read_text())
     split = query(SPLIT, db=[args.workdir / "otel_rl.duckdb"])
+    if split.is_empty():
+        raise SystemExit(f"{args.workdir}: no rollout with a model call in its store: not a finished run")
     repo = next((args.workdir / "toy").glob("toy_*"))
     bwrap = [shutil.which("bwrap") or "bwrap", "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc",
              "--unshare-all", "--"]  # fmt: skip
