@@ -145,7 +145,9 @@ class VLLMServer:
             arguments += ["--enable-lora", "--max-lora-rank", str(self.lora_rank), "--max-loras", "1"]
         return arguments
 
-    def start(self, timeout_s: float = 300.0) -> Self:
+    # ≈30 s on an idle 2-core machine; beside another vLLM and a trainer on the same 2 cores, 300 s has
+    # gone by before the weights loaded. Only a start that fails waits this long.
+    def start(self, timeout_s: float = 600.0) -> Self:
         """Launch the server, wait for /health, warm it up; raises VLLMStartError with the end of its log."""
         python = vllm_python("cuda" if self.device == "cuda" else "cpu")
         if self.log_path is None:  # a temporary log, removed by stop()
